@@ -1,0 +1,123 @@
+"""Replay speed: the compiled core (production path) vs the Python reference vs stepping vLLM's real scheduler.
+
+Cases come from vLLM itself (tests/conformance/vllm_driver.py --bench, run with the vLLM virtualenv's Python): states
+with about R resident requests under budgets B, a new query, and the wall time vLLM's own scheduler took to step from
+the snapshot to the query's first token. For each case this script times the estimate through the production path
+(`estimate` on a state prepared once, as the estimator service does), the bare compiled call, and the Python
+reference, checks that the replay's first-token batch equals vLLM's, and prints one row per (R, B) with ratios
+measured in the same run.
+
+    python benchmarks/replay_bench.py --vllm-python .venv-vllm/bin/python [--cases-per-point 5] [--cases FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from bear.core import _native
+from bear.core.case import parse_case
+from bear.core.replay import ReplayEngine, estimate, prepare, replay
+
+DRIVER = Path(__file__).resolve().parent.parent / "tests" / "conformance" / "vllm_driver.py"
+
+
+def main() -> int:
+    args = _parse_args()
+    records = _load_cases(args)
+    rows: dict[tuple[int, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for record in records:
+        point = (record["meta"]["bench"]["residents"], record["meta"]["bench"]["budget"])
+        for key, values in _measure(record, args.min_seconds).items():
+            rows[point][key].extend(values)
+    _print_table(rows)
+    return 0
+
+
+def _measure(record: dict, min_seconds: float) -> dict[str, list[float]]:
+    case = parse_case(record["case"])
+    prepared = prepare(case.state)
+    result = estimate(prepared, case.query, case.coefficients)
+    if result.first_token_batch != record["expected"]["first_token_batch"]:
+        raise SystemExit(f"replay disagrees with vLLM on bench case {record['meta']}: "
+                         f"{result.first_token_batch} vs {record['expected']['first_token_batch']}")
+    production = _per_call_us(lambda: estimate(prepared, case.query, case.coefficients), min_seconds)
+    query = _native.Query(case.query.num_prompt_tokens, case.query.output_tokens)
+    coefficients = _native.BatchTimeCoefficients(*(getattr(case.coefficients, b) for b in ("b0", "b1", "b2", "b3")))
+    core = _per_call_us(lambda: _native.replay(prepared.native, query, coefficients, float("inf"), False, True, 10**6),
+                        min_seconds)
+    reference = _per_call_us(
+        lambda: replay(case.state, case.query, case.coefficients, engine=ReplayEngine.REFERENCE), min_seconds / 4,
+        max_calls=20)
+    return {
+        "production_us": production,
+        "core_us": core,
+        "reference_us": [statistics.mean(reference)],
+        "vllm_us": [float(sum(record["vllm_step_us"]))],
+        "batches": [float(result.num_batches)],
+        "steps": [float(result.num_steps)],
+    }
+
+
+def _per_call_us(call, min_seconds: float, max_calls: int = 200_000) -> list[float]:
+    """Wall time of each call, repeated until `min_seconds` have passed (at least 3 calls)."""
+    times: list[float] = []
+    deadline = time.perf_counter() + min_seconds
+    while len(times) < 3 or (time.perf_counter() < deadline and len(times) < max_calls):
+        start = time.perf_counter_ns()
+        call()
+        times.append((time.perf_counter_ns() - start) / 1000.0)
+    return times
+
+
+def _print_table(rows: dict[tuple[int, int], dict[str, list[float]]]) -> None:
+    header = (f"{'residents':>9} {'budget':>6} {'cases':>5} {'batches':>8} {'stepped':>8} | {'C++ mean':>9} "
+              f"{'median':>8} {'p99':>8} {'core':>7} | {'Python':>10} {'vLLM':>11} | {'Py/C++':>7} {'vLLM/C++':>9}")
+    print("per-estimate wall time in µs; batches = simulated batches to the first token (median), stepped = batches "
+          "simulated one by one (median); ratios from means")
+    print(header)
+    print("-" * len(header))
+    for (residents, budget), m in sorted(rows.items()):
+        production = np.array(m["production_us"])
+        mean = production.mean()
+        print(f"{residents:>9} {budget:>6} {len(m['vllm_us']):>5} {statistics.median(m['batches']):>8.0f} "
+              f"{statistics.median(m['steps']):>8.0f} | {mean:>9.2f} {np.median(production):>8.2f} "
+              f"{np.percentile(production, 99):>8.2f} {np.mean(m['core_us']):>7.2f} | "
+              f"{np.mean(m['reference_us']):>10.0f} {np.mean(m['vllm_us']):>11.0f} | "
+              f"{np.mean(m['reference_us']) / mean:>7.0f} {np.mean(m['vllm_us']) / mean:>9.0f}")
+
+
+def _load_cases(args: argparse.Namespace) -> list[dict]:
+    if args.cases:
+        return [json.loads(line) for line in Path(args.cases).read_text().splitlines()]
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "bench.jsonl"
+        subprocess.run([args.vllm_python, str(DRIVER), "--bench", "--residents", args.residents, "--budgets",
+                        args.budgets, "--cases-per-point", str(args.cases_per_point), "--seed", str(args.seed),
+                        "--mode", "sync", "--out", str(out)], check=True)
+        return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def _parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vllm-python", default=".venv-vllm/bin/python")
+    parser.add_argument("--cases", help="reuse a file written by vllm_driver.py --bench instead of generating one")
+    parser.add_argument("--residents", default="16,64,128,512")
+    parser.add_argument("--budgets", default="2048,8192")
+    parser.add_argument("--cases-per-point", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--min-seconds", type=float, default=0.2, help="timing per case and engine")
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The `bear` command line."""

@@ -1,0 +1,72 @@
+"""`bear replay CASE.json [--repeat N]`: replay one case and print one JSON object (docs/replay-case.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from bear.core.case import CaseError, parse_case, result_to_json
+from bear.core.replay import ReplayEngine, estimate, prepare, replay
+from bear.core.state import InvalidState
+
+EXIT_BAD_INPUT = 2
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "replay",
+        help="replay one case until the query's first token",
+        description="Replays vLLM's batch formation from the case's state until the query's first token and prints "
+        "the batches, the first-token batch and the TTFT as JSON. Bad input exits 2.",
+    )
+    parser.add_argument("case", type=Path, help="case file (JSON, see docs/replay-case.md)")
+    parser.add_argument("--repeat", type=_positive_int, metavar="N",
+                        help="also print mean_estimate_us: mean wall time of one production-path estimate over N runs")
+    parser.add_argument("--engine", choices=[e.value for e in ReplayEngine], default=ReplayEngine.NATIVE.value,
+                        help="replay engine for the printed result (default: native)")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        case = parse_case(json.loads(args.case.read_text()))
+        result = replay(case.state, case.query, case.coefficients, horizon_s=case.horizon_s, record_batches=True,
+                        engine=ReplayEngine(args.engine))
+    except OSError as error:
+        return _bad_input(f"case: cannot read {args.case}: {error.strerror or error}")
+    except json.JSONDecodeError as error:
+        return _bad_input(f"case: not valid JSON: {error}")
+    except (CaseError, InvalidState) as error:
+        return _bad_input(str(error))
+    output = result_to_json(result)
+    if args.repeat:
+        output["mean_estimate_us"] = _mean_estimate_us(case, args.repeat)
+    print(json.dumps(output))
+    return 0
+
+
+def _mean_estimate_us(case, repeat: int) -> float:
+    """The production path: the state prepared once (as the estimator does per snapshot), then estimates only."""
+    prepared = prepare(case.state)
+    start = time.perf_counter_ns()
+    for _ in range(repeat):
+        estimate(prepared, case.query, case.coefficients, horizon_s=case.horizon_s)
+    return (time.perf_counter_ns() - start) / repeat / 1000.0
+
+
+def _bad_input(message: str) -> int:
+    print(f"bear replay: {message}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value

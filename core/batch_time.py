@@ -1,0 +1,127 @@
+"""The per-step time model (paper eq. 12) and its calibration from logged steps.
+
+    T = b0 + b1·Σ(prefill + decode tokens) + b2·Σ(context·decode) + b3·Σ(prefill·context + prefill·(prefill + 1)/2)
+
+Features are exact integers. A time over many batches is evaluated once on their summed features, in one fixed order
+(`time_s`), by both the compiled core and the Python reference, so the two agree to the last bit however the batches
+were summed.
+
+Calibration is non-negative least squares with every row divided by its measured time, so the fit minimises relative
+error — what MAPE measures. Unweighted fits let the many long steps dominate: on a real vLLM step log they over-predict
+the dominant decode-only steps and under-predict small prefill steps by 11–16%.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import nnls
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTimeCoefficients:
+    """Eq. 12 coefficients of one instance, in seconds."""
+
+    b0: float  # per step
+    b1: float  # per scheduled token
+    b2: float  # per decode token × context token
+    b3: float  # per prefill attention pair
+
+    def __post_init__(self) -> None:
+        for name in ("b0", "b1", "b2", "b3"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"batch time coefficient {name} must be a finite number >= 0, got {value!r}")
+
+    def time_s(self, features: BatchFeatures, num_batches: int = 1) -> float:
+        """Time of `num_batches` batches whose features sum to `features` (the one evaluation order)."""
+        return (
+            self.b0 * num_batches
+            + self.b1 * features.num_tokens
+            + self.b2 * features.decode_context
+            + self.b3 * features.prefill_attention
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BatchFeatures:
+    """Eq. 12 features of one batch, or summed over several."""
+
+    num_prefill_tokens: int = 0  # Σ prefill tokens (also what the prefill-throughput estimator counts)
+    num_decode_tokens: int = 0  # Σ decode tokens
+    decode_context: int = 0  # Σ context · decode
+    prefill_attention: int = 0  # Σ prefill · context + prefill · (prefill + 1) / 2
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+    @staticmethod
+    def of_request(num_prefill_tokens: int, num_decode_tokens: int, num_context_tokens: int) -> BatchFeatures:
+        p, c = num_prefill_tokens, num_context_tokens
+        return BatchFeatures(p, num_decode_tokens, c * num_decode_tokens, p * c + p * (p + 1) // 2)
+
+    @staticmethod
+    def of_batch(entries: Iterable[tuple[int, int, int]]) -> BatchFeatures:
+        """Features of a batch from (prefill tokens, decode tokens, context tokens) per scheduled request."""
+        total = BatchFeatures()
+        for prefill, decode, context in entries:
+            total = total + BatchFeatures.of_request(prefill, decode, context)
+        return total
+
+    def __add__(self, other: BatchFeatures) -> BatchFeatures:
+        return BatchFeatures(
+            self.num_prefill_tokens + other.num_prefill_tokens,
+            self.num_decode_tokens + other.num_decode_tokens,
+            self.decode_context + other.decode_context,
+            self.prefill_attention + other.prefill_attention,
+        )
+
+
+def is_decode(num_scheduled_tokens: int, num_computed_tokens: int, num_prompt_tokens: int) -> bool:
+    """A step's single token for a request whose prompt is complete is a decode token; anything else is prefill."""
+    return num_scheduled_tokens == 1 and num_computed_tokens >= num_prompt_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationFit:
+    coefficients: BatchTimeCoefficients
+    mape: float  # mean absolute percentage error on the fitted records, as a fraction
+    num_samples: int  # records used
+    num_rejected: int  # records dropped (non-positive or non-finite durations, empty batches)
+
+
+def fit(samples: Sequence[tuple[BatchFeatures, float]]) -> CalibrationFit:
+    """Fits eq. 12 to (features, measured duration) pairs, minimising relative error under b ≥ 0.
+
+    Degenerate logs (only decodes, only prefills, fewer rows than coefficients) give coefficients that are finite and
+    non-negative; the terms the log cannot identify get zero weight. Raises ValueError if no usable record remains.
+    """
+    usable = [(f, t) for f, t in samples if math.isfinite(t) and t > 0 and f.num_tokens > 0]
+    if not usable:
+        raise ValueError("calibration needs at least one record with a positive duration and scheduled tokens")
+    design = np.array([[1.0, f.num_tokens, f.decode_context, f.prefill_attention] for f, _ in usable])
+    durations = np.array([t for _, t in usable])
+    weighted = design / durations[:, None]  # row i divided by t_i: residuals become relative errors
+    scale = np.linalg.norm(weighted, axis=0)
+    scale[scale == 0] = 1.0  # a feature absent from every record keeps coefficient 0
+    solution, _ = nnls(weighted / scale, np.ones(len(usable)), maxiter=50 * design.shape[1])
+    coefficients = BatchTimeCoefficients(*(float(max(b, 0.0)) for b in solution / scale))
+    predicted = design @ np.array([coefficients.b0, coefficients.b1, coefficients.b2, coefficients.b3])
+    return CalibrationFit(
+        coefficients=coefficients,
+        mape=mape(predicted, durations),
+        num_samples=len(usable),
+        num_rejected=len(samples) - len(usable),
+    )
+
+
+def mape(predicted: Sequence[float] | np.ndarray, actual: Sequence[float] | np.ndarray) -> float:
+    """Mean absolute percentage error, as a fraction."""
+    predicted_array, actual_array = np.asarray(predicted, dtype=float), np.asarray(actual, dtype=float)
+    if predicted_array.shape != actual_array.shape or actual_array.size == 0:
+        raise ValueError("mape needs two non-empty sequences of equal length")
+    return float(np.mean(np.abs(predicted_array - actual_array) / np.abs(actual_array)))

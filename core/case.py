@@ -1,0 +1,176 @@
+"""The replay case format (docs/replay-case.md): one instance's state, a query and eq. 12 coefficients, as JSON.
+
+A case counts a request's computed tokens as *prompt* tokens computed (equal to the prompt length once it decodes);
+vLLM's own num_computed_tokens follows from it here, in one place. Every field is checked: a CaseError names the field.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from bear.core.batch_time import BatchTimeCoefficients
+from bear.core.result import ReplayResult, ReplayStatus
+from bear.core.state import EngineConfig, InstanceState, Query, ResidentRequest
+
+
+class CaseError(ValueError):
+    """A case that cannot be read; the message starts with the offending field's path."""
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    state: InstanceState
+    query: Query
+    coefficients: BatchTimeCoefficients
+    horizon_s: float = math.inf
+
+
+_ENGINE_INTS = {  # name: minimum
+    "max_num_batched_tokens": 1,
+    "max_num_seqs": 1,
+    "block_size": 1,
+    "num_gpu_blocks": 1,
+    "long_prefill_token_threshold": 0,
+    "max_model_len": 2,
+}
+_ENGINE_BOOLS = ("enable_chunked_prefill", "scheduler_reserve_full_isl", "async_scheduling")
+_REQUEST_REQUIRED = ("id", "num_prompt_tokens", "num_computed_tokens", "num_output_tokens", "remaining_output_tokens")
+_REQUEST_OPTIONAL = ("num_allocated_blocks", "max_tokens", "num_output_placeholders")
+_TOP_LEVEL = ("engine", "free_blocks", "running", "waiting", "query", "batch_time")
+
+
+def parse_case(document: Any) -> Case:
+    """Reads a decoded JSON case; raises CaseError naming the field on any problem."""
+    obj = _object(document, "case")
+    _keys(obj, "case", required=_TOP_LEVEL, optional=("horizon_s",))
+    engine = _engine(_object(obj["engine"], "engine"))
+    running = tuple(_request(item, f"running[{i}]", engine, waiting=False) for i, item in enumerate(_list(obj, "running")))
+    waiting = tuple(_request(item, f"waiting[{i}]", engine, waiting=True) for i, item in enumerate(_list(obj, "waiting")))
+    state = InstanceState(engine, _int(obj, "free_blocks", "free_blocks", 0), running, waiting)
+    query_obj = _object(obj["query"], "query")
+    _keys(query_obj, "query", required=("id", "num_prompt_tokens", "output_tokens"))
+    query = Query(
+        _string(query_obj, "id", "query.id"),
+        _int(query_obj, "num_prompt_tokens", "query.num_prompt_tokens", 1),
+        _int(query_obj, "output_tokens", "query.output_tokens", 1),
+    )
+    horizon_s = _number(obj, "horizon_s", "horizon_s", positive=True) if "horizon_s" in obj else math.inf
+    return Case(state, query, _coefficients(_object(obj["batch_time"], "batch_time")), horizon_s)
+
+
+def result_to_json(result: ReplayResult) -> dict[str, Any]:
+    """The printed form of a replay result (docs/replay-case.md, Output)."""
+    out: dict[str, Any] = {
+        "status": str(result.status),
+        "feasible": result.feasible,
+        "first_token_batch": result.first_token_batch,
+        "ttft_s": result.ttft_s,
+        "batches": [{"scheduled": dict(b.scheduled), "time_s": b.time_s} for b in result.batches],
+    }
+    if result.status is not ReplayStatus.FIRST_TOKEN:
+        out["reason"] = result.reason
+        out["elapsed_s"] = result.elapsed_s
+    return out
+
+
+def _engine(obj: dict[str, Any]) -> EngineConfig:
+    _keys(obj, "engine", required=(*_ENGINE_INTS, *_ENGINE_BOOLS, "watermark"))
+    ints = {name: _int(obj, name, f"engine.{name}", minimum) for name, minimum in _ENGINE_INTS.items()}
+    bools = {name: _bool(obj, name, f"engine.{name}") for name in _ENGINE_BOOLS}
+    watermark = _number(obj, "watermark", "engine.watermark")
+    if not watermark < 1.0:
+        raise CaseError(f"engine.watermark: must be in [0, 1), got {watermark}")
+    return EngineConfig(**ints, **bools, watermark=watermark)
+
+
+def _request(item: Any, path: str, engine: EngineConfig, *, waiting: bool) -> ResidentRequest:
+    obj = _object(item, path)
+    _keys(obj, path, required=_REQUEST_REQUIRED + (() if waiting else ("num_allocated_blocks",)), optional=_REQUEST_OPTIONAL)
+    prompt = _int(obj, "num_prompt_tokens", f"{path}.num_prompt_tokens", 1)
+    computed = _int(obj, "num_computed_tokens", f"{path}.num_computed_tokens", 0)
+    output = _int(obj, "num_output_tokens", f"{path}.num_output_tokens", 0)
+    if computed > prompt:
+        raise CaseError(f"{path}.num_computed_tokens: {computed} exceeds num_prompt_tokens ({prompt})")
+    if waiting and computed:
+        raise CaseError(f"{path}.num_computed_tokens: must be 0 for a waiting request (a preempted one recomputes)")
+    placeholders = _int(obj, "num_output_placeholders", f"{path}.num_output_placeholders", 0) if "num_output_placeholders" in obj else 0
+    if placeholders > 1 or (placeholders and (waiting or not engine.async_scheduling)):
+        raise CaseError(f"{path}.num_output_placeholders: must be 0 or 1, and 1 only for a running request under async scheduling")
+    blocks = _int(obj, "num_allocated_blocks", f"{path}.num_allocated_blocks", 0) if "num_allocated_blocks" in obj else 0
+    if waiting and blocks:
+        raise CaseError(f"{path}.num_allocated_blocks: must be 0 for a waiting request")
+    max_tokens = _int(obj, "max_tokens", f"{path}.max_tokens", 1) if "max_tokens" in obj else None
+    # Prompt complete: the request decodes, its next token to compute being its last one (vLLM's view).
+    vllm_computed = prompt + output + placeholders - 1 if computed == prompt else computed
+    return ResidentRequest(
+        id=_string(obj, "id", f"{path}.id"),
+        num_prompt_tokens=prompt,
+        num_computed_tokens=vllm_computed,
+        num_output_tokens=output,
+        remaining_output_tokens=_int(obj, "remaining_output_tokens", f"{path}.remaining_output_tokens", 1),
+        num_allocated_blocks=blocks,
+        max_tokens=max_tokens,
+        num_output_placeholders=placeholders,
+    )
+
+
+def _coefficients(obj: dict[str, Any]) -> BatchTimeCoefficients:
+    _keys(obj, "batch_time", required=("b0", "b1", "b2", "b3"))
+    return BatchTimeCoefficients(*(_number(obj, name, f"batch_time.{name}") for name in ("b0", "b1", "b2", "b3")))
+
+
+def _keys(obj: dict[str, Any], path: str, *, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> None:
+    for key in required:
+        if key not in obj:
+            raise CaseError(f"{path}.{key}: missing")
+    for key in obj:
+        if key not in required and key not in optional:
+            raise CaseError(f"{path}.{key}: unknown key")
+
+
+def _object(value: Any, path: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise CaseError(f"{path}: must be a JSON object")
+    return value
+
+
+def _list(obj: dict[str, Any], key: str) -> list[Any]:
+    if not isinstance(obj[key], list):
+        raise CaseError(f"{key}: must be a JSON array")
+    return obj[key]
+
+
+def _int(obj: dict[str, Any], key: str, path: str, minimum: int) -> int:
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CaseError(f"{path}: must be an integer, got {value!r}")
+    if value < minimum:
+        raise CaseError(f"{path}: must be >= {minimum}, got {value}")
+    if value >= 2**31:
+        raise CaseError(f"{path}: must be below 2**31, got {value}")
+    return value
+
+
+def _bool(obj: dict[str, Any], key: str, path: str) -> bool:
+    value = obj[key]
+    if not isinstance(value, bool):
+        raise CaseError(f"{path}: must be true or false, got {value!r}")
+    return value
+
+
+def _number(obj: dict[str, Any], key: str, path: str, *, positive: bool = False) -> float:
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise CaseError(f"{path}: must be a finite number, got {value!r}")
+    if value < 0 or (positive and value == 0):
+        raise CaseError(f"{path}: must be {'> 0' if positive else '>= 0'}, got {value}")
+    return float(value)
+
+
+def _string(obj: dict[str, Any], key: str, path: str) -> str:
+    value = obj[key]
+    if not isinstance(value, str) or not value:
+        raise CaseError(f"{path}: must be a non-empty string, got {value!r}")
+    return value

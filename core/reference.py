@@ -1,0 +1,268 @@
+"""The readable reference of the replay: vLLM V1's scheduler (0.32/0.33, FCFS, no prefix caching) step by step.
+
+It follows `vllm/v1/core/sched/scheduler.py` closely and takes no shortcut; the compiled core (native/) must give the
+same batches, first-token batch and time, and the parity tests hold it to that. One step is `schedule()` — RUNNING
+requests first, in admission order, then WAITING ones in queue order, all under one token budget — followed by
+`update_from_output()`: every request whose scheduled tokens reached its last known token samples one, and requests
+reaching their length finish and free their KV blocks. Under async scheduling the output of step k is processed after
+step k+1 has been scheduled (EngineCore.step_with_batch_queue with two batches in flight).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from bear.core.batch_time import BatchFeatures, BatchTimeCoefficients, is_decode
+from bear.core.result import Infeasibility, ReplayResult, ReplayStatus, ScheduledBatch, explain
+from bear.core.state import EngineConfig, InstanceState, Query, ResidentRequest
+
+RUNNING, WAITING, FINISHED = "running", "waiting", "finished"
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(slots=True, eq=False)  # identity: two requests with equal counts are still two requests
+class _Request:
+    id: str
+    prompt: int
+    computed: int
+    output: int
+    placeholders: int
+    stop_length: int  # output length at which it finishes
+    max_tokens: int
+    blocks: int
+    where: str
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt + self.output
+
+
+@dataclass(slots=True)
+class _Step:
+    scheduled: list[tuple[_Request, int]] = field(default_factory=list)
+    sampled: list[_Request] = field(default_factory=list)
+    features: BatchFeatures = field(default_factory=BatchFeatures)
+    preempted: bool = False
+    query_sampled: bool = False
+    doomed: _Request | None = None  # preempted itself with nothing else running: it can never complete
+    outputs_applied: int = 0  # sampled tokens processed in this step (async: the previous step's)
+
+
+class ReferenceScheduler:
+    """vLLM's scheduling rules over the state of one instance and the new query (appended to the waiting queue)."""
+
+    def __init__(self, state: InstanceState, query: Query) -> None:
+        self.engine: EngineConfig = state.engine
+        self.free_blocks = state.free_blocks
+        self.running: list[_Request] = [self._request(r, RUNNING) for r in state.running]
+        self.waiting: deque[_Request] = deque(self._request(r, WAITING) for r in state.waiting)
+        self.query = self._request(
+            ResidentRequest(query.id, query.num_prompt_tokens, 0, 0, query.output_tokens), WAITING
+        )
+        self.waiting.append(self.query)
+        # Async: requests that sample a token in the step in flight.
+        self.in_flight: list[_Request] = [r for r in self.running if r.placeholders > 0]
+        self.num_preemptions = 0
+
+    def _request(self, r: ResidentRequest, where: str) -> _Request:
+        max_tokens = r.max_tokens if r.max_tokens is not None else self.engine.max_model_len - r.num_prompt_tokens
+        return _Request(
+            r.id, r.num_prompt_tokens, r.num_computed_tokens, r.num_output_tokens, r.num_output_placeholders,
+            r.stop_length(self.engine), max_tokens, r.num_allocated_blocks, where,
+        )
+
+    def step(self) -> _Step:
+        """One engine step: schedule, then process the outputs that are due (this step's, or the previous one's)."""
+        step = self.schedule()
+        if step.query_sampled:
+            return step  # the replay stops at the query's first token
+        if self.engine.async_scheduling:
+            step.outputs_applied = self.process_outputs(self.in_flight)
+            self.in_flight = step.sampled
+        else:
+            step.outputs_applied = self.process_outputs(step.sampled)
+        return step
+
+    def schedule(self) -> _Step:
+        # Invariant: no prefill or decode phases; each request gets min(tokens it lacks, budget left) tokens.
+        step = _Step()
+        budget = self.engine.max_num_batched_tokens
+        resident = len(self.running) + len(self.waiting)
+        threshold = self.engine.long_prefill_token_threshold if resident > 1 else 0
+        budget = self._schedule_running(step, budget, threshold)
+        if not step.preempted:  # no admissions in a step that preempted
+            self._schedule_waiting(step, budget, threshold)
+        return step
+
+    def _schedule_running(self, step: _Step, budget: int, threshold: int) -> int:
+        engine = self.engine
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            if request.placeholders > 0 and request.computed + 2 - request.placeholders >= request.prompt + request.max_tokens:
+                index += 1  # async: the step in flight already samples its last allowed token
+                continue
+            tokens = request.num_tokens + request.placeholders - request.computed
+            if 0 < threshold < tokens:
+                tokens = threshold
+            tokens = min(tokens, budget, engine.max_model_len - request.computed - 1)
+            if tokens <= 0:
+                index += 1
+                continue
+            needed = max(_cdiv(min(request.computed + tokens, engine.max_model_len), engine.block_size) - request.blocks, 0)
+            while needed > self.free_blocks:
+                victim = self.running.pop()  # FCFS: the most recently admitted request
+                self._preempt(victim)
+                step.preempted = True
+                if victim is request:  # it cannot be scheduled; stop scanning running requests
+                    if not self.running:
+                        step.doomed = request
+                    return budget
+            self._allocate(request, needed)
+            self._add(step, request, tokens)
+            budget -= tokens
+            index += 1
+        return budget
+
+    def _schedule_waiting(self, step: _Step, budget: int, threshold: int) -> None:
+        engine = self.engine
+        while budget > 0 and self.waiting and len(self.running) < engine.max_num_seqs:
+            request = self.waiting[0]
+            tokens = request.num_tokens - request.computed
+            if 0 < threshold < tokens:
+                tokens = threshold
+            if not engine.enable_chunked_prefill and tokens > budget:
+                return
+            tokens = min(tokens, budget)
+            watermark = engine.watermark_blocks if self.running else 0
+            # Admission reserves the whole sequence; the first request that does not fit blocks the queue.
+            if engine.scheduler_reserve_full_isl:
+                full = _cdiv(min(request.num_tokens, engine.max_model_len), engine.block_size)
+                if full + watermark > self.free_blocks:
+                    return
+            needed = max(_cdiv(min(request.computed + tokens, engine.max_model_len), engine.block_size) - request.blocks, 0)
+            if needed + watermark > self.free_blocks:
+                return
+            self.waiting.popleft()
+            self.running.append(request)
+            request.where = RUNNING
+            self._allocate(request, needed)
+            self._add(step, request, tokens)
+            budget -= tokens
+
+    def _allocate(self, request: _Request, blocks: int) -> None:
+        self.free_blocks -= blocks
+        request.blocks += blocks
+
+    def _add(self, step: _Step, request: _Request, tokens: int) -> None:
+        decode = is_decode(tokens, request.computed, request.prompt)
+        step.features = step.features + BatchFeatures.of_request(
+            0 if decode else tokens, 1 if decode else 0, request.computed
+        )
+        step.scheduled.append((request, tokens))
+        placeholders_before = request.placeholders
+        request.computed += tokens
+        if request.computed >= request.num_tokens + placeholders_before:  # not a partial prefill chunk: samples
+            step.sampled.append(request)
+            step.query_sampled |= request is self.query
+            if self.engine.async_scheduling:
+                request.placeholders += 1
+
+    def _preempt(self, request: _Request) -> None:
+        """Recompute preemption: blocks freed, progress lost, back to the front of the waiting queue."""
+        self.free_blocks += request.blocks
+        request.blocks = 0
+        request.computed = 0
+        request.placeholders = 0
+        request.where = WAITING
+        self.waiting.appendleft(request)
+        self.num_preemptions += 1
+
+    def process_outputs(self, samplers: list[_Request]) -> int:
+        """Appends one token per sampler (a preempted one's stale token too) and finishes those at their length."""
+        applied = 0
+        for request in samplers:
+            if request.where == FINISHED:
+                continue
+            applied += 1
+            request.output += 1
+            if request.placeholders > 0:
+                request.placeholders -= 1
+            if request.output < request.stop_length:
+                continue
+            if request.where == RUNNING:
+                self.running.remove(request)
+                self.free_blocks += request.blocks
+                request.blocks = 0
+            else:
+                self.waiting.remove(request)
+            request.where = FINISHED
+        return applied
+
+
+def replay_reference(
+    state: InstanceState,
+    query: Query,
+    coefficients: BatchTimeCoefficients,
+    *,
+    horizon_s: float = math.inf,
+    max_steps: int = 1_000_000,
+) -> ReplayResult:
+    """Steps the reference scheduler until the query samples its first token; always records the batches."""
+    engine = state.engine
+    scheduler = ReferenceScheduler(state, query)
+    if query.num_prompt_tokens >= engine.max_model_len:
+        return _stopped(ReplayStatus.INFEASIBLE, Infeasibility.PROMPT_TOO_LONG, query.id, state, query, horizon_s)
+    if _cdiv(query.num_prompt_tokens, engine.block_size) > engine.num_gpu_blocks:
+        return _stopped(ReplayStatus.INFEASIBLE, Infeasibility.PROMPT_EXCEEDS_CACHE, query.id, state, query, horizon_s)
+    batches: list[ScheduledBatch] = []
+    total, num_timed = BatchFeatures(), 0
+    while True:
+        if len(batches) >= max_steps:
+            return _stopped(ReplayStatus.INFEASIBLE, Infeasibility.STEP_LIMIT, None, state, query, horizon_s,
+                            batches, total, num_timed, coefficients, scheduler.num_preemptions)
+        step = scheduler.step()
+        if step.scheduled:  # an empty step runs no forward pass and takes no time
+            num_timed += 1
+            total = total + step.features
+        batches.append(ScheduledBatch(
+            tuple((r.id, n) for r, n in step.scheduled), step.features,
+            coefficients.time_s(step.features) if step.scheduled else 0.0,
+        ))
+        elapsed = coefficients.time_s(total, num_timed)
+        if step.query_sampled:
+            return ReplayResult(ReplayStatus.FIRST_TOKEN, len(batches), elapsed, elapsed, len(batches), len(batches),
+                                scheduler.num_preemptions, "", tuple(batches))
+        if elapsed > horizon_s:
+            return _stopped(ReplayStatus.EXCEEDS_HORIZON, Infeasibility.NONE, None, state, query, horizon_s,
+                            batches, total, num_timed, coefficients, scheduler.num_preemptions)
+        # Nothing can change any more; or a request alone in RUNNING could not grow within the whole cache: it can
+        # never complete (without prefix caching it needs at least as many blocks again when it resumes).
+        if (not step.scheduled and not step.preempted and not step.outputs_applied) or step.doomed is not None:
+            head = step.doomed.id if step.doomed else (scheduler.waiting[0].id if scheduler.waiting else query.id)
+            return _stopped(ReplayStatus.INFEASIBLE, Infeasibility.STUCK, head, state, query, horizon_s,
+                            batches, total, num_timed, coefficients, scheduler.num_preemptions)
+
+
+def _stopped(
+    status: ReplayStatus,
+    kind: Infeasibility,
+    blocking_id: str | None,
+    state: InstanceState,
+    query: Query,
+    horizon_s: float,
+    batches: list[ScheduledBatch] | None = None,
+    total: BatchFeatures = BatchFeatures(),
+    num_timed: int = 0,
+    coefficients: BatchTimeCoefficients | None = None,
+    num_preemptions: int = 0,
+) -> ReplayResult:
+    elapsed = coefficients.time_s(total, num_timed) if coefficients is not None else 0.0
+    batches = batches or []
+    return ReplayResult(status, None, None, elapsed, len(batches), len(batches), num_preemptions,
+                        explain(kind, blocking_id, state, query, horizon_s), tuple(batches))

@@ -1,0 +1,191 @@
+"""The replay facade: one entry point over the compiled core (the production engine) and the Python reference.
+
+    prepared = prepare(state)                                  # once per snapshot: checks and converts it
+    result = estimate(prepared, query, coefficients, horizon_s=slo_s + margin_s)
+    results = estimate_many(query, [(prepared_a, coefs_a), (prepared_b, coefs_b)])   # one call, GIL released
+
+`replay(state, query, coefficients, engine=ReplayEngine.REFERENCE)` runs the step-by-step Python reference instead;
+both give identical batches, first-token batch and time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from bear.core import _native
+from bear.core.batch_time import BatchFeatures, BatchTimeCoefficients
+from bear.core.reference import replay_reference
+from bear.core.result import Infeasibility, ReplayResult, ReplayStatus, ScheduledBatch, explain
+from bear.core.state import InstanceState, InvalidState, Query, ResidentRequest, check_query, check_state
+
+DEFAULT_MAX_STEPS = 1_000_000
+
+
+class ReplayEngine(enum.StrEnum):
+    NATIVE = "native"  # the compiled core, with closed-form fast-forward of uniform decode runs
+    REFERENCE = "reference"  # the readable Python reference, step by step
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PreparedState:
+    """An instance state checked and converted for the compiled core; estimate against it as often as needed."""
+
+    state: InstanceState
+    native: _native.InstanceState
+    ids: tuple[str, ...]  # running, then waiting
+    id_set: frozenset[str]
+
+
+def prepare(state: InstanceState) -> PreparedState:
+    """Checks `state` (raises InvalidState) and converts it once for the compiled core."""
+    check_state(state)
+    engine = _native.EngineConfig()
+    for field in dataclasses.fields(state.engine):
+        setattr(engine, field.name, getattr(state.engine, field.name))
+    native = _native.InstanceState(engine, state.free_blocks, _table(state.running), _table(state.waiting))
+    ids = tuple(r.id for r in state.running) + tuple(r.id for r in state.waiting)
+    return PreparedState(state, native, ids, frozenset(ids))
+
+
+def _table(requests: Sequence[ResidentRequest]) -> np.ndarray:
+    rows = [
+        (r.num_prompt_tokens, r.num_computed_tokens, r.num_output_tokens, r.remaining_output_tokens,
+         r.num_allocated_blocks, r.max_tokens or 0, r.num_output_placeholders)
+        for r in requests
+    ]
+    return np.array(rows, dtype=np.int64).reshape(len(rows), 7)
+
+
+def estimate(
+    prepared: PreparedState,
+    query: Query,
+    coefficients: BatchTimeCoefficients,
+    *,
+    horizon_s: float = math.inf,
+    record_batches: bool = False,
+    shortcuts: bool = True,
+    max_steps: int = DEFAULT_MAX_STEPS,
+) -> ReplayResult:
+    """Replays `prepared` with the compiled core until the query's first token (or the horizon)."""
+    _check_query(prepared, query)
+    native = _native.replay(
+        prepared.native, _native.Query(query.num_prompt_tokens, query.output_tokens), _native_coefficients(coefficients),
+        horizon_s, record_batches, shortcuts, max_steps,
+    )
+    return _result(native, prepared, query, horizon_s)
+
+
+def estimate_many(
+    query: Query,
+    candidates: Sequence[tuple[PreparedState, BatchTimeCoefficients]],
+    *,
+    horizon_s: float = math.inf,
+) -> list[ReplayResult]:
+    """Estimates one query against many instances in one call into the compiled core (GIL released)."""
+    for prepared, _ in candidates:
+        _check_query(prepared, query)
+    natives = _native.replay_each(
+        [prepared.native for prepared, _ in candidates],
+        [_native_coefficients(coefficients) for _, coefficients in candidates],
+        _native.Query(query.num_prompt_tokens, query.output_tokens),
+        horizon_s,
+    )
+    return [_result(native, prepared, query, horizon_s) for native, (prepared, _) in zip(natives, candidates)]
+
+
+def replay(
+    state: InstanceState,
+    query: Query,
+    coefficients: BatchTimeCoefficients,
+    *,
+    horizon_s: float = math.inf,
+    record_batches: bool = False,
+    engine: ReplayEngine = ReplayEngine.NATIVE,
+    shortcuts: bool = True,
+    max_steps: int = DEFAULT_MAX_STEPS,
+) -> ReplayResult:
+    """Replays `state` once with the chosen engine (raises InvalidState on an inconsistent state or query)."""
+    if engine is ReplayEngine.NATIVE:
+        return estimate(prepare(state), query, coefficients, horizon_s=horizon_s, record_batches=record_batches,
+                        shortcuts=shortcuts, max_steps=max_steps)
+    check_state(state)
+    check_query(query, state)
+    result = replay_reference(state, query, coefficients, horizon_s=horizon_s, max_steps=max_steps)
+    return result if record_batches else _without_batches(result)
+
+
+def _check_query(prepared: PreparedState, query: Query) -> None:
+    if query.num_prompt_tokens < 1 or query.output_tokens < 1:
+        raise InvalidState("query: num_prompt_tokens and output_tokens must be >= 1")
+    if query.id in prepared.id_set:
+        raise InvalidState(f"query.id {query.id!r} is also a resident request's id")
+
+
+_coefficient_cache: dict[BatchTimeCoefficients, _native.BatchTimeCoefficients] = {}
+
+
+def _native_coefficients(coefficients: BatchTimeCoefficients) -> _native.BatchTimeCoefficients:
+    native = _coefficient_cache.get(coefficients)
+    if native is None:
+        if len(_coefficient_cache) > 4096:  # instances recalibrate now and then; keep the cache bounded
+            _coefficient_cache.clear()
+        native = _native.BatchTimeCoefficients(coefficients.b0, coefficients.b1, coefficients.b2, coefficients.b3)
+        _coefficient_cache[coefficients] = native
+    return native
+
+
+_STATUS = {
+    _native.Status.FIRST_TOKEN: ReplayStatus.FIRST_TOKEN,
+    _native.Status.EXCEEDS_HORIZON: ReplayStatus.EXCEEDS_HORIZON,
+    _native.Status.INFEASIBLE: ReplayStatus.INFEASIBLE,
+}
+_INFEASIBILITY = {
+    _native.Infeasibility.NONE: Infeasibility.NONE,
+    _native.Infeasibility.PROMPT_TOO_LONG: Infeasibility.PROMPT_TOO_LONG,
+    _native.Infeasibility.PROMPT_EXCEEDS_CACHE: Infeasibility.PROMPT_EXCEEDS_CACHE,
+    _native.Infeasibility.STUCK: Infeasibility.STUCK,
+    _native.Infeasibility.STEP_LIMIT: Infeasibility.STEP_LIMIT,
+}
+
+
+def _result(native: _native.Result, prepared: PreparedState, query: Query, horizon_s: float) -> ReplayResult:
+    status = _STATUS[native.status]
+    first_token = status is ReplayStatus.FIRST_TOKEN
+    reason = ""
+    if not first_token:
+        blocking = native.blocking_request
+        blocking_id = None if blocking < 0 else (query.id if blocking == len(prepared.ids) else prepared.ids[blocking])
+        reason = explain(_INFEASIBILITY[native.infeasibility], blocking_id, prepared.state, query, horizon_s)
+    batches: tuple[ScheduledBatch, ...] = ()
+    if native.batches:
+        names = (*prepared.ids, query.id)
+        batches = tuple(
+            ScheduledBatch(
+                tuple((names[index], tokens) for index, tokens in b.scheduled),
+                BatchFeatures(b.num_prefill_tokens, b.num_decode_tokens, b.decode_context, b.prefill_attention),
+                b.time_s,
+            )
+            for b in native.batches
+        )
+    return ReplayResult(
+        status=status,
+        first_token_batch=native.first_token_batch if first_token else None,
+        ttft_s=native.time_s if first_token else None,
+        elapsed_s=native.time_s,
+        num_batches=native.num_batches,
+        num_steps=native.num_steps,
+        num_preemptions=native.num_preemptions,
+        reason=reason,
+        batches=batches,
+    )
+
+
+def _without_batches(result: ReplayResult) -> ReplayResult:
+    return ReplayResult(result.status, result.first_token_batch, result.ttft_s, result.elapsed_s, result.num_batches,
+                        result.num_steps, result.num_preemptions, result.reason)

@@ -1,0 +1,137 @@
+"""An instance's scheduler state and a new query, in vLLM's own terms: what the replay starts from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class InvalidState(ValueError):
+    """The state cannot be replayed; the message names the offending field."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Scheduler settings of one vLLM engine."""
+
+    max_num_batched_tokens: int  # token budget per step
+    max_num_seqs: int  # most requests in RUNNING
+    block_size: int  # tokens per KV block
+    num_gpu_blocks: int  # usable KV blocks (vLLM's count minus its null block)
+    max_model_len: int
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0  # 0 = off
+    scheduler_reserve_full_isl: bool = True
+    watermark: float = 0.0  # fraction of all blocks (usable + null) kept free when admitting
+    async_scheduling: bool = False
+
+    @property
+    def watermark_blocks(self) -> int:
+        # vLLM: int(watermark * num_blocks), its num_blocks counting the null block.
+        return int(self.watermark * (self.num_gpu_blocks + 1))
+
+
+@dataclass(frozen=True, slots=True)
+class ResidentRequest:
+    """A request resident at the instance, exactly as vLLM's scheduler holds it."""
+
+    id: str
+    num_prompt_tokens: int
+    num_computed_tokens: int  # vLLM's: prompt and output tokens whose KV is computed, a step in flight included
+    num_output_tokens: int
+    remaining_output_tokens: int  # output tokens still to come (predicted), including any in flight
+    num_allocated_blocks: int = 0
+    max_tokens: int | None = None  # None: max_model_len - num_prompt_tokens, as vLLM sets it
+    num_output_placeholders: int = 0  # async: tokens the step in flight appends to the output
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def remaining_prefill_tokens(self) -> int:
+        """Tokens still to compute before the request decodes: its prompt (and, after a preemption, its outputs)."""
+        pending = self.num_tokens + self.num_output_placeholders - self.num_computed_tokens
+        decoding = self.num_output_tokens + self.num_output_placeholders > 0 and pending <= 1
+        return 0 if decoding else pending
+
+    def stop_length(self, engine: EngineConfig) -> int:
+        """Output length at which the request finishes: predicted length, max_tokens or max_model_len."""
+        max_tokens = self.max_tokens if self.max_tokens is not None else engine.max_model_len - self.num_prompt_tokens
+        return min(
+            self.num_output_tokens + self.remaining_output_tokens,
+            max_tokens,
+            engine.max_model_len - self.num_prompt_tokens,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceState:
+    """One instance's engine settings, free KV blocks, RUNNING list (admission order) and WAITING queue."""
+
+    engine: EngineConfig
+    free_blocks: int
+    running: tuple[ResidentRequest, ...] = ()
+    waiting: tuple[ResidentRequest, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """The new query: it joins the back of the waiting queue just before the next step is scheduled."""
+
+    id: str
+    num_prompt_tokens: int
+    output_tokens: int  # predicted output length (≥ 1)
+
+
+def check_state(state: InstanceState) -> None:
+    """Raises InvalidState unless the replay can run on `state` (the compiled core checks the same)."""
+    engine = state.engine
+    _require(
+        min(engine.max_num_batched_tokens, engine.max_num_seqs, engine.block_size, engine.num_gpu_blocks) >= 1,
+        "engine: max_num_batched_tokens, max_num_seqs, block_size and num_gpu_blocks must be >= 1",
+    )
+    _require(engine.max_model_len >= 2, "engine.max_model_len must be >= 2")
+    _require(engine.long_prefill_token_threshold >= 0, "engine.long_prefill_token_threshold must be >= 0")
+    _require(0.0 <= engine.watermark < 1.0, "engine.watermark must be in [0, 1)")
+    _require(0 <= state.free_blocks <= engine.num_gpu_blocks, "free_blocks must be in [0, num_gpu_blocks]")
+    for queue, requests in (("running", state.running), ("waiting", state.waiting)):
+        for index, request in enumerate(requests):
+            problem = _resident_problem(request, engine, waiting=queue == "waiting")
+            _require(problem is None, f"{queue}[{index}] (id {request.id!r}): {problem}")
+    held = state.free_blocks + sum(r.num_allocated_blocks for r in state.running)
+    _require(held <= engine.num_gpu_blocks, "running requests' blocks + free_blocks exceed num_gpu_blocks")
+    ids = [r.id for r in state.running] + [r.id for r in state.waiting]
+    _require(len(set(ids)) == len(ids), "request ids must be unique")
+
+
+def check_query(query: Query, state: InstanceState) -> None:
+    _require(query.num_prompt_tokens >= 1, "query.num_prompt_tokens must be >= 1")
+    _require(query.output_tokens >= 1, "query.output_tokens must be >= 1")
+    clash = any(r.id == query.id for r in state.running) or any(r.id == query.id for r in state.waiting)
+    _require(not clash, f"query.id {query.id!r} is also a resident request's id")
+
+
+def _resident_problem(request: ResidentRequest, engine: EngineConfig, *, waiting: bool) -> str | None:
+    counts = (request.num_computed_tokens, request.num_output_tokens, request.num_allocated_blocks)
+    if request.num_prompt_tokens < 1:
+        return "num_prompt_tokens must be >= 1"
+    if min(counts) < 0 or request.num_output_placeholders < 0:
+        return "token and block counts must be non-negative"
+    if request.remaining_output_tokens < 1:
+        return "remaining_output_tokens must be >= 1 (a request with nothing left to generate has finished)"
+    if request.num_computed_tokens > request.num_tokens + request.num_output_placeholders:
+        return "more computed tokens than the request has"
+    if request.num_tokens >= engine.max_model_len:
+        return "prompt + output tokens must be shorter than max_model_len"
+    if request.max_tokens is not None and not request.num_output_tokens < request.max_tokens:
+        return "num_output_tokens must be below max_tokens (the request would have finished)"
+    if request.num_allocated_blocks < -(-request.num_computed_tokens // engine.block_size):
+        return "fewer blocks than its computed tokens need"
+    if waiting and (request.num_computed_tokens or request.num_allocated_blocks or request.num_output_placeholders):
+        return "a waiting request holds no computed tokens, blocks or placeholders"
+    return None
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise InvalidState(message)

@@ -1,0 +1,89 @@
+"""bear.v1 messages ⇄ core domain objects: the one place the wire types and the replay's inputs meet."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from bear.core.batch_time import BatchFeatures, BatchTimeCoefficients, CalibrationFit
+from bear.core.state import EngineConfig, InstanceState, ResidentRequest
+from bear.v1 import calibration_pb2, snapshot_pb2
+
+# Predicted output tokens still to come for a resident request (≥ 1), e.g. from the predictor's E[L − g | L > g].
+RemainingTokens = Callable[[snapshot_pb2.RequestState], int]
+
+
+def engine_from_proto(message: snapshot_pb2.EngineConfig) -> EngineConfig:
+    return EngineConfig(
+        max_num_batched_tokens=message.max_num_batched_tokens,
+        max_num_seqs=message.max_num_seqs,
+        block_size=message.block_size,
+        num_gpu_blocks=message.num_gpu_blocks,
+        max_model_len=message.max_model_len,
+        enable_chunked_prefill=message.enable_chunked_prefill,
+        long_prefill_token_threshold=message.long_prefill_token_threshold,
+        scheduler_reserve_full_isl=message.scheduler_reserve_full_isl,
+        watermark=message.watermark,
+        async_scheduling=message.async_scheduling,
+    )
+
+
+def engine_to_proto(engine: EngineConfig) -> snapshot_pb2.EngineConfig:
+    return snapshot_pb2.EngineConfig(
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        max_num_seqs=engine.max_num_seqs,
+        block_size=engine.block_size,
+        num_gpu_blocks=engine.num_gpu_blocks,
+        enable_chunked_prefill=engine.enable_chunked_prefill,
+        long_prefill_token_threshold=engine.long_prefill_token_threshold,
+        max_model_len=engine.max_model_len,
+        scheduler_reserve_full_isl=engine.scheduler_reserve_full_isl,
+        watermark=engine.watermark,
+        async_scheduling=engine.async_scheduling,
+    )
+
+
+def state_from_snapshot(snapshot: snapshot_pb2.InstanceSnapshot, remaining: RemainingTokens) -> InstanceState:
+    """The replay's starting state: the snapshot's requests with a predicted remaining length each."""
+
+    def resident(message: snapshot_pb2.RequestState) -> ResidentRequest:
+        return ResidentRequest(
+            id=message.request_id,
+            num_prompt_tokens=message.num_prompt_tokens,
+            num_computed_tokens=message.num_computed_tokens,
+            num_output_tokens=message.num_output_tokens,
+            remaining_output_tokens=max(1, remaining(message)),
+            num_allocated_blocks=message.num_allocated_blocks,
+            max_tokens=message.max_tokens or None,
+            num_output_placeholders=message.num_output_placeholders,
+        )
+
+    return InstanceState(
+        engine=engine_from_proto(snapshot.engine),
+        free_blocks=snapshot.num_free_blocks,
+        running=tuple(resident(r) for r in snapshot.running),
+        waiting=tuple(resident(r) for r in snapshot.waiting),
+    )
+
+
+def features_from_record(record: calibration_pb2.BatchRecord) -> BatchFeatures:
+    return BatchFeatures.of_batch(
+        (e.num_prefill_tokens, e.num_decode_tokens, e.num_context_tokens) for e in record.entries
+    )
+
+
+def samples_from_records(records: Iterable[calibration_pb2.BatchRecord]) -> list[tuple[BatchFeatures, float]]:
+    """(features, measured duration) of executed steps, for calibration (steps still in progress are skipped)."""
+    return [(features_from_record(r), r.duration_s) for r in records if r.duration_s > 0]
+
+
+def coefficients_to_proto(fit: CalibrationFit, fitted_at_s: float = 0.0) -> calibration_pb2.BatchTimeCoefficients:
+    c = fit.coefficients
+    return calibration_pb2.BatchTimeCoefficients(
+        intercept_s=c.b0, per_token_s=c.b1, per_decode_context_token_s=c.b2, per_prefill_attention_token_s=c.b3,
+        mape=fit.mape, num_samples=fit.num_samples, fitted_at_s=fitted_at_s,
+    )
+
+
+def coefficients_from_proto(message: calibration_pb2.BatchTimeCoefficients) -> BatchTimeCoefficients:
+    return BatchTimeCoefficients(message.intercept_s, message.per_token_s, message.per_decode_context_token_s,
+                                 message.per_prefill_attention_token_s)

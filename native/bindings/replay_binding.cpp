@@ -1,0 +1,140 @@
+// Binding of the replay core: converts types and releases the GIL, nothing more.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <stdexcept>
+#include <vector>
+
+#include "bear/replay.hpp"
+
+namespace py = pybind11;
+
+namespace {
+
+using Int64Table = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+
+// Column order of a resident table: one row per request.
+constexpr py::ssize_t kResidentColumns = 7;
+
+std::vector<bear::Resident> residents_from(const Int64Table& table) {
+  if (table.ndim() != 2 || table.shape(1) != kResidentColumns) {
+    throw std::invalid_argument("resident table must have shape (n, 7)");
+  }
+  std::vector<bear::Resident> residents(static_cast<size_t>(table.shape(0)));
+  auto rows = table.unchecked<2>();
+  for (py::ssize_t i = 0; i < table.shape(0); ++i) {
+    bear::Resident& r = residents[static_cast<size_t>(i)];
+    r.num_prompt_tokens = rows(i, 0);
+    r.num_computed_tokens = rows(i, 1);
+    r.num_output_tokens = rows(i, 2);
+    r.remaining_output_tokens = rows(i, 3);
+    r.num_allocated_blocks = rows(i, 4);
+    r.max_tokens = rows(i, 5);
+    r.num_output_placeholders = rows(i, 6);
+  }
+  return residents;
+}
+
+bear::InstanceState make_state(const bear::EngineConfig& engine, int64_t free_blocks, const Int64Table& running,
+                               const Int64Table& waiting) {
+  bear::InstanceState state;
+  state.engine = engine;
+  state.free_blocks = free_blocks;
+  state.running = residents_from(running);
+  state.waiting = residents_from(waiting);
+  bear::validate(state);
+  return state;
+}
+
+bear::Options make_options(double horizon_s, bool record_batches, bool shortcuts, int64_t max_steps) {
+  bear::Options options;
+  options.horizon_s = horizon_s;
+  options.record_batches = record_batches;
+  options.shortcuts = shortcuts;
+  options.max_steps = max_steps;
+  return options;
+}
+
+bear::Result replay_one(const bear::InstanceState& state, const bear::Query& query,
+                        const bear::BatchTimeCoefficients& coefficients, double horizon_s, bool record_batches,
+                        bool shortcuts, int64_t max_steps) {
+  return bear::replay(state, query, coefficients, make_options(horizon_s, record_batches, shortcuts, max_steps));
+}
+
+std::vector<bear::Result> replay_each(const std::vector<const bear::InstanceState*>& states,
+                                      const std::vector<bear::BatchTimeCoefficients>& coefficients,
+                                      const bear::Query& query, double horizon_s) {
+  if (states.size() != coefficients.size()) throw std::invalid_argument("one coefficient set per instance");
+  const bear::Options options = make_options(horizon_s, false, true, bear::Options{}.max_steps);
+  std::vector<bear::Result> results;
+  results.reserve(states.size());
+  for (size_t i = 0; i < states.size(); ++i) results.push_back(bear::replay(*states[i], query, coefficients[i], options));
+  return results;
+}
+
+}  // namespace
+
+void register_replay(py::module_& m) {
+  py::class_<bear::EngineConfig>(m, "EngineConfig")
+      .def(py::init<>())
+      .def_readwrite("max_num_batched_tokens", &bear::EngineConfig::max_num_batched_tokens)
+      .def_readwrite("max_num_seqs", &bear::EngineConfig::max_num_seqs)
+      .def_readwrite("block_size", &bear::EngineConfig::block_size)
+      .def_readwrite("num_gpu_blocks", &bear::EngineConfig::num_gpu_blocks)
+      .def_readwrite("enable_chunked_prefill", &bear::EngineConfig::enable_chunked_prefill)
+      .def_readwrite("long_prefill_token_threshold", &bear::EngineConfig::long_prefill_token_threshold)
+      .def_readwrite("max_model_len", &bear::EngineConfig::max_model_len)
+      .def_readwrite("scheduler_reserve_full_isl", &bear::EngineConfig::scheduler_reserve_full_isl)
+      .def_readwrite("watermark", &bear::EngineConfig::watermark)
+      .def_readwrite("async_scheduling", &bear::EngineConfig::async_scheduling);
+
+  py::class_<bear::InstanceState>(m, "InstanceState")
+      .def(py::init(&make_state), py::arg("engine"), py::arg("free_blocks"), py::arg("running"), py::arg("waiting"))
+      .def_property_readonly("num_running", [](const bear::InstanceState& s) { return s.running.size(); })
+      .def_property_readonly("num_waiting", [](const bear::InstanceState& s) { return s.waiting.size(); });
+
+  py::class_<bear::Query>(m, "Query")
+      .def(py::init([](int64_t prompt, int64_t output) { return bear::Query{prompt, output}; }),
+           py::arg("num_prompt_tokens"), py::arg("output_tokens"));
+
+  py::class_<bear::BatchTimeCoefficients>(m, "BatchTimeCoefficients")
+      .def(py::init([](double b0, double b1, double b2, double b3) { return bear::BatchTimeCoefficients{b0, b1, b2, b3}; }),
+           py::arg("b0"), py::arg("b1"), py::arg("b2"), py::arg("b3"));
+
+  py::enum_<bear::Status>(m, "Status")
+      .value("FIRST_TOKEN", bear::Status::kFirstToken)
+      .value("EXCEEDS_HORIZON", bear::Status::kExceedsHorizon)
+      .value("INFEASIBLE", bear::Status::kInfeasible);
+  py::enum_<bear::Infeasibility>(m, "Infeasibility")
+      .value("NONE", bear::Infeasibility::kNone)
+      .value("PROMPT_TOO_LONG", bear::Infeasibility::kPromptTooLong)
+      .value("PROMPT_EXCEEDS_CACHE", bear::Infeasibility::kPromptExceedsCache)
+      .value("STUCK", bear::Infeasibility::kStuck)
+      .value("STEP_LIMIT", bear::Infeasibility::kStepLimit);
+
+  py::class_<bear::Batch>(m, "Batch")
+      .def_readonly("scheduled", &bear::Batch::scheduled)
+      .def_readonly("num_prefill_tokens", &bear::Batch::num_prefill_tokens)
+      .def_readonly("num_decode_tokens", &bear::Batch::num_decode_tokens)
+      .def_readonly("decode_context", &bear::Batch::decode_context)
+      .def_readonly("prefill_attention", &bear::Batch::prefill_attention)
+      .def_readonly("time_s", &bear::Batch::time_s);
+
+  py::class_<bear::Result>(m, "Result")
+      .def_readonly("status", &bear::Result::status)
+      .def_readonly("infeasibility", &bear::Result::infeasibility)
+      .def_readonly("blocking_request", &bear::Result::blocking_request)
+      .def_readonly("first_token_batch", &bear::Result::first_token_batch)
+      .def_readonly("num_batches", &bear::Result::num_batches)
+      .def_readonly("num_steps", &bear::Result::num_steps)
+      .def_readonly("num_preemptions", &bear::Result::num_preemptions)
+      .def_readonly("time_s", &bear::Result::time_s)
+      .def_readonly("batches", &bear::Result::batches);
+
+  m.def("replay", &replay_one, py::arg("state"), py::arg("query"), py::arg("coefficients"), py::arg("horizon_s"),
+        py::arg("record_batches"), py::arg("shortcuts"), py::arg("max_steps"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("replay_each", &replay_each, py::arg("states"), py::arg("coefficients"), py::arg("query"),
+        py::arg("horizon_s"), py::call_guard<py::gil_scoped_release>());
+}

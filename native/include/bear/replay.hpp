@@ -1,0 +1,109 @@
+// BEA replay core: vLLM V1 batch formation (0.32/0.33, FCFS, no prefix caching) from an instance's state
+// up to a new query's first token, with the eq. 12 batch-time model. Pure: plain structs in, numbers out.
+// The readable Python reference (core/reference.py) implements the same rules step by step.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <utility>
+#include <vector>
+
+namespace bear {
+
+struct EngineConfig {
+  int64_t max_num_batched_tokens = 2048;  // token budget per step
+  int64_t max_num_seqs = 256;             // most requests in RUNNING
+  int64_t block_size = 16;                // tokens per KV block
+  int64_t num_gpu_blocks = 0;             // usable KV blocks
+  bool enable_chunked_prefill = true;
+  int64_t long_prefill_token_threshold = 0;  // 0 = off
+  int64_t max_model_len = 0;
+  bool scheduler_reserve_full_isl = true;
+  double watermark = 0.0;                 // fraction of all blocks (usable + null) kept free at admission
+  bool async_scheduling = false;
+};
+
+// One resident request in vLLM's own terms.
+struct Resident {
+  int64_t num_prompt_tokens = 0;
+  int64_t num_computed_tokens = 0;      // vLLM's num_computed_tokens (prompt and output tokens with KV)
+  int64_t num_output_tokens = 0;
+  int64_t remaining_output_tokens = 1;  // output tokens still to come, including any in flight
+  int64_t num_allocated_blocks = 0;
+  int64_t max_tokens = 0;               // <= 0: max_model_len - num_prompt_tokens, as vLLM sets it
+  int64_t num_output_placeholders = 0;  // async: tokens the step in flight appends to the output
+};
+
+struct InstanceState {
+  EngineConfig engine;
+  int64_t free_blocks = 0;
+  std::vector<Resident> running;  // admission order
+  std::vector<Resident> waiting;  // queue order
+};
+
+struct Query {
+  int64_t num_prompt_tokens = 0;
+  int64_t output_tokens = 1;
+};
+
+struct BatchTimeCoefficients {
+  double b0 = 0.0, b1 = 0.0, b2 = 0.0, b3 = 0.0;
+};
+
+struct Options {
+  double horizon_s = std::numeric_limits<double>::infinity();
+  bool record_batches = false;
+  bool shortcuts = true;           // fast-forward runs of uniform decode steps in closed form
+  int64_t max_steps = 1'000'000;  // steps simulated one by one before giving up
+};
+
+enum class Status : int { kFirstToken = 0, kExceedsHorizon = 1, kInfeasible = 2 };
+
+enum class Infeasibility : int {
+  kNone = 0,
+  kPromptTooLong = 1,        // prompt not shorter than max_model_len
+  kPromptExceedsCache = 2,   // more blocks than the whole cache
+  kStuck = 3,                // a request that can never complete blocks the query (blocking_request)
+  kStepLimit = 4,
+};
+
+// One batch and its eq. 12 features: Σ tokens, Σ context·decode, Σ (prefill·context + prefill·(prefill+1)/2).
+struct Batch {
+  std::vector<std::pair<int32_t, int64_t>> scheduled;  // (request index, tokens) in vLLM's order
+  int64_t num_prefill_tokens = 0;
+  int64_t num_decode_tokens = 0;
+  int64_t decode_context = 0;
+  int64_t prefill_attention = 0;
+  double time_s = 0.0;
+};
+
+// Request indices: running 0..R-1, waiting R..R+W-1, the query R+W.
+struct Result {
+  Status status = Status::kFirstToken;
+  Infeasibility infeasibility = Infeasibility::kNone;
+  int32_t blocking_request = -1;
+  int64_t first_token_batch = 0;  // 1-based index of the batch sampling the query's first token; 0 if none
+  int64_t num_batches = 0;        // batches simulated, fast-forwarded ones included
+  int64_t num_steps = 0;          // batches simulated one by one
+  int64_t num_preemptions = 0;
+  double time_s = 0.0;            // TTFT if kFirstToken, else the simulated time when the replay stopped
+  std::vector<Batch> batches;     // only with Options::record_batches
+};
+
+// Throw std::invalid_argument for inputs the simulation cannot run on. validate(state) is O(residents): call it
+// once per state (the binding does, when an instance state is built), not per query.
+void validate(const InstanceState& state);
+void validate(const Query& query, const BatchTimeCoefficients& coefficients);
+
+// Replays `state` (which must have passed validate(state)) until the query's first token.
+Result replay(const InstanceState& state, const Query& query, const BatchTimeCoefficients& coefficients,
+              const Options& options);
+
+// Eq. 12 time of `num_batches` non-empty batches with the given summed features. Both this core and the
+// Python reference evaluate it in this order, on exact integer sums, so their times agree to the last bit.
+inline double batch_time_s(const BatchTimeCoefficients& c, double num_batches, double num_tokens,
+                           double decode_context, double prefill_attention) {
+  return c.b0 * num_batches + c.b1 * num_tokens + c.b2 * decode_context + c.b3 * prefill_attention;
+}
+
+}  // namespace bear

@@ -1,0 +1,35 @@
+"""The compiled core (with and without its closed-form shortcuts) and the Python reference agree exactly."""
+
+from __future__ import annotations
+
+import math
+import os
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bear.core.batch_time import BatchTimeCoefficients
+from bear.core.replay import ReplayEngine, replay
+from bear.core.state import InstanceState, Query
+from tests.strategies import coefficients, queries, states
+
+EXAMPLES = int(os.environ.get("BEAR_PARITY_EXAMPLES", "3000"))
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(states(), queries, coefficients, st.sampled_from([math.inf, math.inf, 0.01, 0.1, 1.0]))
+def test_native_and_reference_give_identical_results(
+    state: InstanceState, query: Query, coefs: BatchTimeCoefficients, horizon_s: float
+) -> None:
+    reference = replay(state, query, coefs, horizon_s=horizon_s, record_batches=True, engine=ReplayEngine.REFERENCE)
+    for shortcuts in (True, False):
+        native = replay(state, query, coefs, horizon_s=horizon_s, record_batches=True, shortcuts=shortcuts)
+        assert native.status == reference.status
+        assert native.reason == reference.reason
+        assert native.first_token_batch == reference.first_token_batch
+        assert native.ttft_s == reference.ttft_s  # bit for bit
+        assert native.elapsed_s == reference.elapsed_s
+        assert native.num_batches == reference.num_batches
+        assert native.num_preemptions == reference.num_preemptions
+        assert native.batches == reference.batches

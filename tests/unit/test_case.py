@@ -1,0 +1,99 @@
+"""The case format: its mapping onto vLLM's state, and a clear error naming the field for every bad input."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from typing import Any
+
+import pytest
+
+from bear.core.case import CaseError, parse_case, result_to_json
+from bear.core.replay import replay
+
+EXAMPLE: dict[str, Any] = {
+    "engine": {"max_num_batched_tokens": 2048, "max_num_seqs": 256, "block_size": 16, "num_gpu_blocks": 2000,
+               "enable_chunked_prefill": True, "long_prefill_token_threshold": 0, "max_model_len": 32768,
+               "scheduler_reserve_full_isl": True, "watermark": 0.0, "async_scheduling": False},
+    "free_blocks": 1234,
+    "running": [{"id": "a", "num_prompt_tokens": 900, "num_computed_tokens": 900, "num_output_tokens": 3,
+                 "remaining_output_tokens": 40, "num_allocated_blocks": 57}],
+    "waiting": [{"id": "b", "num_prompt_tokens": 300, "num_computed_tokens": 0, "num_output_tokens": 0,
+                 "remaining_output_tokens": 12}],
+    "query": {"id": "q", "num_prompt_tokens": 700, "output_tokens": 50},
+    "batch_time": {"b0": 0.004, "b1": 2e-5, "b2": 1e-8, "b3": 1e-9},
+}
+
+
+def _with(path: str, value: Any) -> dict[str, Any]:
+    case = copy.deepcopy(EXAMPLE)
+    *parents, last = path.split(".")
+    node: Any = case
+    for part in parents:
+        node = node[int(part)] if part.isdigit() else node[part]
+    if value is _DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return case
+
+
+_DELETE = object()
+
+
+def test_the_example_case_replays() -> None:
+    case = parse_case(EXAMPLE)
+    running = case.state.running[0]
+    assert running.num_computed_tokens == 902  # decoding: vLLM has computed all but its last output token
+    result = result_to_json(replay(case.state, case.query, case.coefficients, record_batches=True))
+    assert result["status"] == "first_token" and result["feasible"]
+    assert result["first_token_batch"] == 1
+    assert result["batches"][0]["scheduled"] == {"a": 1, "b": 300, "q": 700}
+    assert result["ttft_s"] == pytest.approx(result["batches"][0]["time_s"])
+    json.dumps(result)
+
+
+def test_a_prefilling_request_keeps_its_computed_tokens() -> None:
+    case = parse_case(_with("running.0.num_computed_tokens", 512))
+    assert case.state.running[0].num_computed_tokens == 512
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("engine.max_num_batched_tokens", 0, "engine.max_num_batched_tokens: must be >= 1"),
+        ("engine.block_size", _DELETE, "engine.block_size: missing"),
+        ("engine.watermark", 1.0, "engine.watermark"),
+        ("engine.async_scheduling", "yes", "engine.async_scheduling: must be true or false"),
+        ("engine.speculative", 3, "engine.speculative: unknown key"),
+        ("free_blocks", -1, "free_blocks: must be >= 0"),
+        ("running.0.num_computed_tokens", 901, "running[0].num_computed_tokens: 901 exceeds num_prompt_tokens"),
+        ("running.0.num_output_tokens", -2, "running[0].num_output_tokens: must be >= 0"),
+        ("running.0.num_allocated_blocks", _DELETE, "running[0].num_allocated_blocks: missing"),
+        ("running.0.num_allocated_blocks", 3, "running[0] (id 'a'): fewer blocks than its computed tokens need"),
+        ("running.0.remaining_output_tokens", 0, "running[0].remaining_output_tokens: must be >= 1"),
+        ("running.0.num_output_placeholders", 1, "running[0].num_output_placeholders"),
+        ("running.0.num_prompt_tokens", 900.0, "running[0].num_prompt_tokens: must be an integer"),
+        ("waiting.0.num_computed_tokens", 10, "waiting[0].num_computed_tokens: must be 0"),
+        ("waiting.0.id", "a", "request ids must be unique"),
+        ("waiting.0.colour", "red", "waiting[0].colour: unknown key"),
+        ("query.id", "b", "query.id 'b' is also a resident request's id"),
+        ("query.output_tokens", 0, "query.output_tokens: must be >= 1"),
+        ("batch_time.b2", -1e-9, "batch_time.b2: must be >= 0"),
+        ("horizon_s", 0, "horizon_s: must be > 0"),
+        ("free_blocks", 1950, "exceed num_gpu_blocks"),
+        ("extra", 1, "case.extra: unknown key"),
+    ],
+)
+def test_bad_input_names_the_field(path: str, value: Any, message: str) -> None:
+    from bear.core.state import InvalidState
+
+    with pytest.raises((CaseError, InvalidState), match=re.escape(message)):
+        case = parse_case(_with(path, value))
+        replay(case.state, case.query, case.coefficients)
+
+
+def test_not_an_object() -> None:
+    with pytest.raises(CaseError, match="case: must be a JSON object"):
+        parse_case([1, 2])

@@ -1,0 +1,194 @@
+"""Each scheduling rule of the replay, on tiny hand-built states, for both engines."""
+
+from __future__ import annotations
+
+import pytest
+
+from bear.core.replay import ReplayEngine
+from bear.core.result import ReplayStatus
+from tests.builders import decoding, make_engine, make_query, make_state, prefilling, queued, run, scheduled
+
+ENGINES = [ReplayEngine.NATIVE, ReplayEngine.REFERENCE]
+
+
+@pytest.fixture(params=ENGINES, ids=lambda e: e.value)
+def engine(request: pytest.FixtureRequest) -> ReplayEngine:
+    return request.param
+
+
+def test_budget_splits_the_query_prompt_and_running_requests_go_first(engine: ReplayEngine) -> None:
+    state = make_state(running=[decoding("a"), decoding("b")])
+    result = run(state, make_query(prompt=3000), engine)
+    assert scheduled(result) == [{"a": 1, "b": 1, "q": 2046}, {"a": 1, "b": 1, "q": 954}]
+    assert list(scheduled(result)[0]) == ["a", "b", "q"]
+    assert result.first_token_batch == 2
+    assert result.ttft_s == pytest.approx(sum(b.time_s for b in result.batches), rel=1e-12)
+
+
+def test_partial_prefills_of_running_requests_continue_before_admissions(engine: ReplayEngine) -> None:
+    state = make_state(running=[prefilling("a", prompt=3000, computed=2048)], waiting=[queued("b", prompt=500)])
+    result = run(state, make_query(prompt=200), engine)
+    assert scheduled(result)[0] == {"a": 952, "b": 500, "q": 200}
+    assert result.first_token_batch == 1
+
+
+def test_without_chunked_prefill_a_prompt_waits_for_a_whole_budget(engine: ReplayEngine) -> None:
+    state = make_state(running=[decoding("a", remaining=10), decoding("b", remaining=10)],
+                       engine=make_engine(enable_chunked_prefill=False))
+    result = run(state, make_query(prompt=2047), engine)
+    assert result.first_token_batch == 11  # a and b finish after 10 steps; then the whole budget is free
+    assert scheduled(result)[10] == {"q": 2047}
+
+
+def test_long_prefill_threshold_caps_chunks_only_when_others_are_resident(engine: ReplayEngine) -> None:
+    capped = make_engine(long_prefill_token_threshold=512)
+    crowded = run(make_state(running=[decoding("a", remaining=50)], engine=capped), make_query(prompt=2000), engine)
+    assert [b["q"] for b in scheduled(crowded)] == [512, 512, 512, 464]
+    alone = run(make_state(engine=capped), make_query(prompt=2000), engine)
+    assert scheduled(alone) == [{"q": 2000}]
+
+
+def test_max_num_seqs_holds_the_query_until_a_running_request_finishes(engine: ReplayEngine) -> None:
+    state = make_state(running=[decoding("a", remaining=5), decoding("b", remaining=10)],
+                       engine=make_engine(max_num_seqs=2))
+    result = run(state, make_query(prompt=100), engine)
+    assert result.first_token_batch == 6
+    assert scheduled(result)[5] == {"b": 1, "q": 100}
+
+
+def test_admission_reserves_the_whole_prompt_and_the_queue_head_blocks_the_rest(engine: ReplayEngine) -> None:
+    # a holds 7 of 100 blocks; "big" needs 94 > 93 free, so the small query behind it waits too.
+    state = make_state(running=[decoding("a", remaining=20)], waiting=[queued("big", prompt=1500)],
+                       engine=make_engine(num_gpu_blocks=100))
+    result = run(state, make_query(prompt=16), engine)
+    assert result.first_token_batch == 21
+    assert scheduled(result)[20] == {"big": 1500, "q": 16}
+
+
+def test_without_full_reservation_only_the_first_chunk_must_fit(engine: ReplayEngine) -> None:
+    settings = dict(num_gpu_blocks=100, max_num_batched_tokens=512)
+    state = make_state(running=[decoding("a", remaining=20)], waiting=[queued("big", prompt=1500)],
+                       engine=make_engine(scheduler_reserve_full_isl=False, **settings))
+    assert scheduled(run(state, make_query(prompt=16), engine))[0] == {"a": 1, "big": 511}
+    reserved = make_state(running=state.running, waiting=state.waiting, engine=make_engine(**settings))
+    assert scheduled(run(reserved, make_query(prompt=16), engine))[0] == {"a": 1}
+
+
+def test_preemption_evicts_the_latest_admitted_and_blocks_admissions(engine: ReplayEngine) -> None:
+    # 7 blocks, none free: a needs an 8th block for its next token, so b (admitted last) is preempted.
+    state = make_state(running=[decoding("a", prompt=48, remaining=3), decoding("b", prompt=63, remaining=5)],
+                       engine=make_engine(num_gpu_blocks=7), free_blocks=0)
+    result = run(state, make_query(prompt=32), engine)
+    assert scheduled(result)[0] == {"a": 1}  # b preempted, nothing admitted in that step
+    assert result.num_preemptions == 1
+    # b recomputes prompt and output (64 tokens, 4 blocks) once a has finished, ahead of the query.
+    assert result.first_token_batch == 4
+    assert scheduled(result)[3] == {"b": 64, "q": 32}
+
+
+def test_the_last_admitted_request_preempts_itself_when_it_cannot_grow(engine: ReplayEngine) -> None:
+    # a fits its next token; b, admitted last, needs a 5th block with none free: it is its own victim.
+    state = make_state(running=[decoding("a", prompt=100, remaining=3), decoding("b", prompt=64, remaining=5)],
+                       engine=make_engine(num_gpu_blocks=11), free_blocks=0)
+    result = run(state, make_query(prompt=16), engine)
+    assert scheduled(result)[:3] == [{"a": 1}, {"a": 1}, {"a": 1}]
+    assert result.num_preemptions == 1
+    assert scheduled(result)[3] == {"b": 65, "q": 16}
+    assert result.first_token_batch == 4
+
+
+def test_finishing_requests_free_their_blocks_for_the_queue(engine: ReplayEngine) -> None:
+    state = make_state(running=[decoding("a", prompt=1000, remaining=3)], engine=make_engine(num_gpu_blocks=70))
+    result = run(state, make_query(prompt=1000), engine)
+    assert result.first_token_batch == 4  # 63 blocks needed, 7 free until a finishes after 3 steps
+    assert result.batches[3].scheduled == (("q", 1000),)
+
+
+def test_async_scheduling_frees_blocks_one_step_later(engine: ReplayEngine) -> None:
+    engine_config = make_engine(num_gpu_blocks=7, async_scheduling=True)
+    # a's prefill finished in the step in flight (its first token is a placeholder); one more token after it.
+    state = make_state(running=[decoding("a", prompt=100, output=0, remaining=2, placeholders=1)],
+                       engine=engine_config)
+    result = run(state, make_query(prompt=16), engine)
+    assert scheduled(result) == [{"a": 1}, {"a": 1}, {"q": 16}]
+    sync = make_state(running=[decoding("a", prompt=100, output=1, remaining=1)], engine=make_engine(num_gpu_blocks=7))
+    assert run(sync, make_query(prompt=16), engine).first_token_batch == 2
+
+
+def test_async_scheduling_skips_a_request_whose_last_allowed_token_is_in_flight(engine: ReplayEngine) -> None:
+    engine_config = make_engine(num_gpu_blocks=7, async_scheduling=True)
+    capped = decoding("a", prompt=100, output=0, remaining=1, placeholders=1, max_tokens=1)
+    result = run(make_state(running=[capped], engine=engine_config), make_query(prompt=16), engine)
+    assert scheduled(result) == [{}, {"q": 16}]
+    assert result.batches[0].time_s == 0.0  # an empty step runs no forward pass
+    stopping = decoding("a", prompt=100, output=0, remaining=1, placeholders=1)  # stops on its own (EOS)
+    result = run(make_state(running=[stopping], engine=engine_config), make_query(prompt=16), engine)
+    assert scheduled(result) == [{"a": 1}, {"q": 16}]
+
+
+def test_watermark_applies_only_while_something_runs(engine: ReplayEngine) -> None:
+    query = make_query(prompt=85 * 16)  # 85 blocks
+    state = make_state(running=[decoding("a", remaining=5)], engine=make_engine(num_gpu_blocks=99, watermark=0.1))
+    assert run(state, query, engine).first_token_batch == 6  # 85 + 10 > 92 free; after a finishes no watermark
+    plain = make_state(running=[decoding("a", remaining=5)], engine=make_engine(num_gpu_blocks=99))
+    assert run(plain, query, engine).first_token_batch == 1
+
+
+def test_requests_stop_at_max_model_len_and_max_tokens(engine: ReplayEngine) -> None:
+    one_slot = dict(max_num_seqs=1)
+    near_limit = make_state(running=[decoding("a", prompt=100, remaining=1000)],
+                            engine=make_engine(max_model_len=120, **one_slot))
+    assert run(near_limit, make_query(prompt=10), engine).first_token_batch == 20
+    capped = make_state(running=[decoding("a", prompt=100, remaining=1000, max_tokens=5)],
+                        engine=make_engine(**one_slot))
+    assert run(capped, make_query(prompt=10), engine).first_token_batch == 5
+
+
+@pytest.mark.parametrize(
+    ("engine_settings", "prompt", "words"),
+    [
+        (dict(max_model_len=1000), 1000, "max_model_len"),
+        (dict(num_gpu_blocks=10), 161, "more than the cache"),
+    ],
+)
+def test_queries_that_can_never_be_admitted_are_infeasible(
+    engine: ReplayEngine, engine_settings: dict[str, int], prompt: int, words: str
+) -> None:
+    result = run(make_state(engine=make_engine(**engine_settings)), make_query(prompt=prompt), engine)
+    assert result.status is ReplayStatus.INFEASIBLE and not result.feasible
+    assert result.first_token_batch is None and result.ttft_s is None
+    assert words in result.reason
+
+
+def test_a_query_stuck_behind_a_request_that_never_fits_is_infeasible(engine: ReplayEngine) -> None:
+    state = make_state(running=[decoding("a", remaining=3)], waiting=[queued("huge", prompt=2000)],
+                       engine=make_engine(num_gpu_blocks=100))
+    result = run(state, make_query(prompt=16), engine)
+    assert result.status is ReplayStatus.INFEASIBLE
+    assert "'huge'" in result.reason
+
+
+def test_a_prompt_longer_than_the_budget_without_chunking_is_infeasible(engine: ReplayEngine) -> None:
+    state = make_state(engine=make_engine(enable_chunked_prefill=False))
+    result = run(state, make_query(prompt=3000), engine)
+    assert result.status is ReplayStatus.INFEASIBLE
+    assert "the query" in result.reason
+
+
+def test_the_horizon_stops_the_replay_early(engine: ReplayEngine) -> None:
+    state = make_state(running=[decoding("a", remaining=500)], engine=make_engine(max_num_seqs=1))
+    full = run(state, make_query(prompt=100), engine)
+    assert full.first_token_batch == 501
+    stopped = run(state, make_query(prompt=100), engine, horizon_s=full.ttft_s / 2)
+    assert stopped.status is ReplayStatus.EXCEEDS_HORIZON and stopped.feasible
+    assert stopped.first_token_batch is None
+    assert full.ttft_s / 2 < stopped.elapsed_s < full.ttft_s
+    # It stops at the first batch past the horizon: one batch less would not reach it.
+    assert sum(b.time_s for b in stopped.batches[:-1]) <= full.ttft_s / 2
+
+
+def test_the_first_token_is_sampled_in_the_step_completing_the_prompt(engine: ReplayEngine) -> None:
+    state = make_state(engine=make_engine(max_num_batched_tokens=100))
+    result = run(state, make_query(prompt=250), engine)
+    assert [b["q"] for b in scheduled(result)] == [100, 100, 50]
+    assert result.first_token_batch == 3
