@@ -37,27 +37,26 @@ def main() -> int:
     rows: dict[tuple[int, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for record in records:
         point = (record["meta"]["bench"]["residents"], record["meta"]["bench"]["budget"])
-        for key, values in _measure(record, args.min_seconds).items():
+        for key, values in _measure(record, args.calls).items():
             rows[point][key].extend(values)
     _print_table(rows)
     return 0
 
 
-def _measure(record: dict, min_seconds: float) -> dict[str, list[float]]:
+def _measure(record: dict, calls: int) -> dict[str, list[float]]:
     case = parse_case(record["case"])
     prepared = prepare(case.state)
     result = estimate(prepared, case.query, case.coefficients)
     if result.first_token_batch != record["expected"]["first_token_batch"]:
         raise SystemExit(f"replay disagrees with vLLM on bench case {record['meta']}: "
                          f"{result.first_token_batch} vs {record['expected']['first_token_batch']}")
-    production = _per_call_us(lambda: estimate(prepared, case.query, case.coefficients), min_seconds)
+    production = _per_call_us(lambda: estimate(prepared, case.query, case.coefficients), calls)
     query = _native.Query(case.query.num_prompt_tokens, case.query.output_tokens)
     coefficients = _native.BatchTimeCoefficients(*(getattr(case.coefficients, b) for b in ("b0", "b1", "b2", "b3")))
     core = _per_call_us(lambda: _native.replay(prepared.native, query, coefficients, float("inf"), False, True, 10**6),
-                        min_seconds)
+                        calls)
     reference = _per_call_us(
-        lambda: replay(case.state, case.query, case.coefficients, engine=ReplayEngine.REFERENCE), min_seconds / 4,
-        max_calls=20)
+        lambda: replay(case.state, case.query, case.coefficients, engine=ReplayEngine.REFERENCE), 3)
     return {
         "production_us": production,
         "core_us": core,
@@ -68,11 +67,12 @@ def _measure(record: dict, min_seconds: float) -> dict[str, list[float]]:
     }
 
 
-def _per_call_us(call, min_seconds: float, max_calls: int = 200_000) -> list[float]:
-    """Wall time of each call, repeated until `min_seconds` have passed (at least 3 calls)."""
-    times: list[float] = []
-    deadline = time.perf_counter() + min_seconds
-    while len(times) < 3 or (time.perf_counter() < deadline and len(times) < max_calls):
+def _per_call_us(call, calls: int) -> list[float]:
+    """Wall time of each of `calls` calls after a few warm-up calls (every case weighs the same)."""
+    for _ in range(min(calls, 5)):
+        call()
+    times = []
+    for _ in range(calls):
         start = time.perf_counter_ns()
         call()
         times.append((time.perf_counter_ns() - start) / 1000.0)
@@ -80,6 +80,7 @@ def _per_call_us(call, min_seconds: float, max_calls: int = 200_000) -> list[flo
 
 
 def _print_table(rows: dict[tuple[int, int], dict[str, list[float]]]) -> None:
+    """Per (residents, budget): per-estimate times pooled over the cases (each case timed equally often)."""
     header = (f"{'residents':>9} {'budget':>6} {'cases':>5} {'batches':>8} {'stepped':>8} | {'C++ mean':>9} "
               f"{'median':>8} {'p99':>8} {'core':>7} | {'Python':>10} {'vLLM':>11} | {'Py/C++':>7} {'vLLM/C++':>9}")
     print("per-estimate wall time in µs; batches = simulated batches to the first token (median), stepped = batches "
@@ -94,6 +95,10 @@ def _print_table(rows: dict[tuple[int, int], dict[str, list[float]]]) -> None:
               f"{np.percentile(production, 99):>8.2f} {np.mean(m['core_us']):>7.2f} | "
               f"{np.mean(m['reference_us']):>10.0f} {np.mean(m['vllm_us']):>11.0f} | "
               f"{np.mean(m['reference_us']) / mean:>7.0f} {np.mean(m['vllm_us']) / mean:>9.0f}")
+    everything = {key: [v for m in rows.values() for v in m[key]] for key in ("production_us", "reference_us", "vllm_us")}
+    mean = float(np.mean(everything["production_us"]))
+    print(f"all cases: C++ mean {mean:.2f} µs; Python reference {np.mean(everything['reference_us']) / mean:.0f}x "
+          f"and vLLM {np.mean(everything['vllm_us']) / mean:.0f}x slower (ratio of means)")
 
 
 def _load_cases(args: argparse.Namespace) -> list[dict]:
@@ -115,7 +120,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--budgets", default="2048,8192")
     parser.add_argument("--cases-per-point", type=int, default=5)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--min-seconds", type=float, default=0.2, help="timing per case and engine")
+    parser.add_argument("--calls", type=int, default=300, help="timed estimates per case (compiled core)")
     return parser.parse_args()
 
 

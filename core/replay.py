@@ -37,7 +37,7 @@ class PreparedState:
     """An instance state checked and converted for the compiled core; estimate against it as often as needed."""
 
     state: InstanceState
-    native: _native.InstanceState
+    native: _native.PreparedState
     ids: tuple[str, ...]  # running, then waiting
     id_set: frozenset[str]
 
@@ -48,7 +48,7 @@ def prepare(state: InstanceState) -> PreparedState:
     engine = _native.EngineConfig()
     for field in dataclasses.fields(state.engine):
         setattr(engine, field.name, getattr(state.engine, field.name))
-    native = _native.InstanceState(engine, state.free_blocks, _table(state.running), _table(state.waiting))
+    native = _native.PreparedState(engine, state.free_blocks, _table(state.running), _table(state.waiting))
     ids = tuple(r.id for r in state.running) + tuple(r.id for r in state.waiting)
     return PreparedState(state, native, ids, frozenset(ids))
 
@@ -74,11 +74,9 @@ def estimate(
 ) -> ReplayResult:
     """Replays `prepared` with the compiled core until the query's first token (or the horizon)."""
     _check_query(prepared, query)
-    native = _native.replay(
-        prepared.native, _native.Query(query.num_prompt_tokens, query.output_tokens), _native_coefficients(coefficients),
-        horizon_s, record_batches, shortcuts, max_steps,
-    )
-    return _result(native, prepared, query, horizon_s)
+    native = _native.replay(prepared.native, _native.Query(query.num_prompt_tokens, query.output_tokens),
+                            _native_coefficients(coefficients), horizon_s, record_batches, shortcuts, max_steps)
+    return _result(native, prepared, query, horizon_s, record_batches)
 
 
 def estimate_many(
@@ -140,49 +138,36 @@ def _native_coefficients(coefficients: BatchTimeCoefficients) -> _native.BatchTi
     return native
 
 
-_STATUS = {
-    _native.Status.FIRST_TOKEN: ReplayStatus.FIRST_TOKEN,
-    _native.Status.EXCEEDS_HORIZON: ReplayStatus.EXCEEDS_HORIZON,
-    _native.Status.INFEASIBLE: ReplayStatus.INFEASIBLE,
-}
-_INFEASIBILITY = {
-    _native.Infeasibility.NONE: Infeasibility.NONE,
-    _native.Infeasibility.PROMPT_TOO_LONG: Infeasibility.PROMPT_TOO_LONG,
-    _native.Infeasibility.PROMPT_EXCEEDS_CACHE: Infeasibility.PROMPT_EXCEEDS_CACHE,
-    _native.Infeasibility.STUCK: Infeasibility.STUCK,
-    _native.Infeasibility.STEP_LIMIT: Infeasibility.STEP_LIMIT,
-}
+# Indexed by the compiled core's enum values (bear::Status, bear::Infeasibility).
+_STATUS = (ReplayStatus.FIRST_TOKEN, ReplayStatus.EXCEEDS_HORIZON, ReplayStatus.INFEASIBLE)
+_INFEASIBILITY = (Infeasibility.NONE, Infeasibility.PROMPT_TOO_LONG, Infeasibility.PROMPT_EXCEEDS_CACHE,
+                  Infeasibility.STUCK, Infeasibility.STEP_LIMIT)
 
 
-def _result(native: _native.Result, prepared: PreparedState, query: Query, horizon_s: float) -> ReplayResult:
-    status = _STATUS[native.status]
-    first_token = status is ReplayStatus.FIRST_TOKEN
-    reason = ""
-    if not first_token:
-        blocking = native.blocking_request
-        blocking_id = None if blocking < 0 else (query.id if blocking == len(prepared.ids) else prepared.ids[blocking])
-        reason = explain(_INFEASIBILITY[native.infeasibility], blocking_id, prepared.state, query, horizon_s)
-    batches: tuple[ScheduledBatch, ...] = ()
-    if native.batches:
-        names = (*prepared.ids, query.id)
-        batches = tuple(
-            ScheduledBatch(
-                tuple((names[index], tokens) for index, tokens in b.scheduled),
-                BatchFeatures(b.num_prefill_tokens, b.num_decode_tokens, b.decode_context, b.prefill_attention),
-                b.time_s,
-            )
-            for b in native.batches
+def _result(native: _native.Result, prepared: PreparedState, query: Query, horizon_s: float,
+            record_batches: bool = False) -> ReplayResult:
+    status_value, infeasibility, blocking, first_token_batch, num_batches, num_steps, preemptions, time_s = (
+        native.summary()
+    )
+    status = _STATUS[status_value]
+    if status is ReplayStatus.FIRST_TOKEN:
+        return ReplayResult(status, first_token_batch, time_s, time_s, num_batches, num_steps, preemptions, "",
+                            _batches(native, prepared, query) if record_batches else ())
+    blocking_id = None if blocking < 0 else (query.id if blocking == len(prepared.ids) else prepared.ids[blocking])
+    reason = explain(_INFEASIBILITY[infeasibility], blocking_id, prepared.state, query, horizon_s)
+    return ReplayResult(status, None, None, time_s, num_batches, num_steps, preemptions, reason,
+                        _batches(native, prepared, query) if record_batches else ())
+
+
+def _batches(native: _native.Result, prepared: PreparedState, query: Query) -> tuple[ScheduledBatch, ...]:
+    names = (*prepared.ids, query.id)
+    return tuple(
+        ScheduledBatch(
+            tuple((names[index], tokens) for index, tokens in b.scheduled),
+            BatchFeatures(b.num_prefill_tokens, b.num_decode_tokens, b.decode_context, b.prefill_attention),
+            b.time_s,
         )
-    return ReplayResult(
-        status=status,
-        first_token_batch=native.first_token_batch if first_token else None,
-        ttft_s=native.time_s if first_token else None,
-        elapsed_s=native.time_s,
-        num_batches=native.num_batches,
-        num_steps=native.num_steps,
-        num_preemptions=native.num_preemptions,
-        reason=reason,
-        batches=batches,
+        for b in native.batches
     )
 
 

@@ -36,15 +36,14 @@ std::vector<bear::Resident> residents_from(const Int64Table& table) {
   return residents;
 }
 
-bear::InstanceState make_state(const bear::EngineConfig& engine, int64_t free_blocks, const Int64Table& running,
+bear::PreparedState make_state(const bear::EngineConfig& engine, int64_t free_blocks, const Int64Table& running,
                                const Int64Table& waiting) {
   bear::InstanceState state;
   state.engine = engine;
   state.free_blocks = free_blocks;
   state.running = residents_from(running);
   state.waiting = residents_from(waiting);
-  bear::validate(state);
-  return state;
+  return bear::prepare(state);
 }
 
 bear::Options make_options(double horizon_s, bool record_batches, bool shortcuts, int64_t max_steps) {
@@ -56,13 +55,13 @@ bear::Options make_options(double horizon_s, bool record_batches, bool shortcuts
   return options;
 }
 
-bear::Result replay_one(const bear::InstanceState& state, const bear::Query& query,
+bear::Result replay_one(const bear::PreparedState& state, const bear::Query& query,
                         const bear::BatchTimeCoefficients& coefficients, double horizon_s, bool record_batches,
                         bool shortcuts, int64_t max_steps) {
   return bear::replay(state, query, coefficients, make_options(horizon_s, record_batches, shortcuts, max_steps));
 }
 
-std::vector<bear::Result> replay_each(const std::vector<const bear::InstanceState*>& states,
+std::vector<bear::Result> replay_each(const std::vector<const bear::PreparedState*>& states,
                                       const std::vector<bear::BatchTimeCoefficients>& coefficients,
                                       const bear::Query& query, double horizon_s) {
   if (states.size() != coefficients.size()) throw std::invalid_argument("one coefficient set per instance");
@@ -89,10 +88,9 @@ void register_replay(py::module_& m) {
       .def_readwrite("watermark", &bear::EngineConfig::watermark)
       .def_readwrite("async_scheduling", &bear::EngineConfig::async_scheduling);
 
-  py::class_<bear::InstanceState>(m, "InstanceState")
+  py::class_<bear::PreparedState>(m, "PreparedState")
       .def(py::init(&make_state), py::arg("engine"), py::arg("free_blocks"), py::arg("running"), py::arg("waiting"))
-      .def_property_readonly("num_running", [](const bear::InstanceState& s) { return s.running.size(); })
-      .def_property_readonly("num_waiting", [](const bear::InstanceState& s) { return s.waiting.size(); });
+      .def_property_readonly("num_requests", [](const bear::PreparedState& s) { return s.requests.size(); });
 
   py::class_<bear::Query>(m, "Query")
       .def(py::init([](int64_t prompt, int64_t output) { return bear::Query{prompt, output}; }),
@@ -130,7 +128,14 @@ void register_replay(py::module_& m) {
       .def_readonly("num_steps", &bear::Result::num_steps)
       .def_readonly("num_preemptions", &bear::Result::num_preemptions)
       .def_readonly("time_s", &bear::Result::time_s)
-      .def_readonly("batches", &bear::Result::batches);
+      .def_readonly("batches", &bear::Result::batches)
+      .def("summary",
+           [](const bear::Result& r) {
+             return py::make_tuple(static_cast<int>(r.status), static_cast<int>(r.infeasibility), r.blocking_request,
+                                   r.first_token_batch, r.num_batches, r.num_steps, r.num_preemptions, r.time_s);
+           },
+           "(status, infeasibility, blocking_request, first_token_batch, num_batches, num_steps, num_preemptions, "
+           "time_s), in one conversion");
 
   m.def("replay", &replay_one, py::arg("state"), py::arg("query"), py::arg("coefficients"), py::arg("horizon_s"),
         py::arg("record_batches"), py::arg("shortcuts"), py::arg("max_steps"),

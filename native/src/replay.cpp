@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
-#include <deque>
 #include <stdexcept>
 #include <string>
 
@@ -16,15 +15,8 @@ namespace bear {
 namespace {
 
 using i128 = __int128;
-
-enum class Where : uint8_t { kRunning, kWaiting, kFinished };
-
-struct Req {
-  int64_t prompt = 0, computed = 0, output = 0, placeholders = 0;
-  int64_t target = 0;  // output length at which the request stops
-  int64_t max_tokens = 0, blocks = 0;
-  Where where = Where::kWaiting;
-};
+using detail::Where;
+using Req = detail::Request;
 
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -37,12 +29,13 @@ struct StepInfo {
   bool outputs_changed_queue = false;  // an update finished a request or touched a waiting one
   int32_t doomed = -1;  // a request that preempted itself with nothing else running: it can never complete
   int64_t num_tokens = 0;
+  int64_t num_scheduled = 0;
   int64_t outputs_applied = 0;
 };
 
 class Simulator {
  public:
-  Simulator(const InstanceState& state, const Query& query, const BatchTimeCoefficients& coefficients,
+  Simulator(const PreparedState& state, const Query& query, const BatchTimeCoefficients& coefficients,
             const Options& options);
   Result run();
 
@@ -66,7 +59,7 @@ class Simulator {
   const Options opt_;
   std::vector<Req> reqs_;
   std::vector<int32_t> running_;
-  std::deque<int32_t> waiting_;
+  std::vector<int32_t> waiting_;  // reversed: the head of the queue is back()
   int64_t free_blocks_;
   int64_t watermark_blocks_;
   int32_t query_;
@@ -93,28 +86,29 @@ Req make_req(const Resident& r, const EngineConfig& cfg, Where where) {
   return q;
 }
 
-Simulator::Simulator(const InstanceState& state, const Query& query, const BatchTimeCoefficients& coefficients,
+Simulator::Simulator(const PreparedState& state, const Query& query, const BatchTimeCoefficients& coefficients,
                      const Options& options)
-    : cfg_(state.engine), coef_(coefficients), opt_(options), free_blocks_(state.free_blocks) {
-  // vLLM: int(watermark * num_blocks), where num_blocks counts the null block too.
-  watermark_blocks_ = static_cast<int64_t>(cfg_.watermark * static_cast<double>(cfg_.num_gpu_blocks + 1));
-  reqs_.reserve(state.running.size() + state.waiting.size() + 1);
-  for (const Resident& r : state.running) {
-    running_.push_back(static_cast<int32_t>(reqs_.size()));
-    if (r.num_output_placeholders > 0) pending_.push_back(running_.back());
-    reqs_.push_back(make_req(r, cfg_, Where::kRunning));
-  }
-  for (const Resident& r : state.waiting) {
-    waiting_.push_back(static_cast<int32_t>(reqs_.size()));
-    reqs_.push_back(make_req(r, cfg_, Where::kWaiting));
-  }
+    : cfg_(state.engine),
+      coef_(coefficients),
+      opt_(options),
+      free_blocks_(state.free_blocks),
+      watermark_blocks_(state.watermark_blocks) {
+  const int32_t num_requests = static_cast<int32_t>(state.requests.size());
+  reqs_.reserve(static_cast<size_t>(num_requests) + 1);
+  reqs_.assign(state.requests.begin(), state.requests.end());
   Resident q;
   q.num_prompt_tokens = query.num_prompt_tokens;
   q.remaining_output_tokens = std::max<int64_t>(query.output_tokens, 1);
-  query_ = static_cast<int32_t>(reqs_.size());
-  waiting_.push_back(query_);
+  query_ = num_requests;
   reqs_.push_back(make_req(q, cfg_, Where::kWaiting));
   running_.reserve(reqs_.size());
+  for (int32_t id = 0; id < state.num_running; ++id) {
+    running_.push_back(id);
+    if (reqs_[id].placeholders > 0) pending_.push_back(id);
+  }
+  waiting_.reserve(reqs_.size());
+  for (int32_t id = query_; id >= state.num_running; --id) waiting_.push_back(id);  // the query at the back
+  sampled_.reserve(reqs_.size());
 }
 
 bool Simulator::infeasible_upfront(Result& result) const {
@@ -143,12 +137,12 @@ StepInfo Simulator::step() {
   const int64_t threshold = running_.size() + waiting_.size() > 1 ? cfg_.long_prefill_token_threshold : 0;
   const size_t num_running = running_.size();
   schedule_running(info, budget, threshold);
-  if (batch_.scheduled.size() != num_running) info.uniform_decode = false;
+  if (info.num_scheduled != static_cast<int64_t>(num_running)) info.uniform_decode = false;
   if (!info.preempted) schedule_waiting(info, budget, threshold);
 
   ++num_batches_;
   ++num_steps_;
-  if (!batch_.scheduled.empty()) {  // an empty step runs no forward pass and takes no time
+  if (info.num_tokens > 0) {  // an empty step runs no forward pass and takes no time
     ++num_timed_batches_;
     const int64_t tokens = batch_.num_prefill_tokens + batch_.num_decode_tokens;
     num_tokens_ += tokens;
@@ -216,7 +210,7 @@ void Simulator::schedule_running(StepInfo& info, int64_t& budget, int64_t thresh
 void Simulator::schedule_waiting(StepInfo& info, int64_t& budget, int64_t threshold) {
   while (budget > 0 && !waiting_.empty()) {
     if (static_cast<int64_t>(running_.size()) >= cfg_.max_num_seqs) break;
-    const int32_t id = waiting_.front();
+    const int32_t id = waiting_.back();
     Req& w = reqs_[id];
     const int64_t num_tokens = w.prompt + w.output;
     int64_t tokens = num_tokens - w.computed;
@@ -232,7 +226,7 @@ void Simulator::schedule_waiting(StepInfo& info, int64_t& budget, int64_t thresh
     const int64_t needed = std::max<int64_t>(
         cdiv(std::min(w.computed + tokens, cfg_.max_model_len), cfg_.block_size) - w.blocks, 0);
     if (needed + watermark > free_blocks_) break;
-    waiting_.pop_front();
+    waiting_.pop_back();
     running_.push_back(id);
     w.where = Where::kRunning;
     free_blocks_ -= needed;
@@ -253,8 +247,9 @@ void Simulator::add_to_batch(int32_t id, int64_t tokens, StepInfo& info) {
     batch_.num_prefill_tokens += tokens;
     batch_.prefill_attention += tokens * r.computed + tokens * (tokens + 1) / 2;
   }
-  batch_.scheduled.emplace_back(id, tokens);
+  if (opt_.record_batches) batch_.scheduled.emplace_back(id, tokens);
   info.num_tokens += tokens;
+  ++info.num_scheduled;
   const int64_t placeholders_before = r.placeholders;
   r.computed += tokens;
   // A step samples a request's next token when it computes its last known token (not a partial chunk).
@@ -275,7 +270,7 @@ void Simulator::preempt(int32_t id) {
   r.computed = 0;
   r.placeholders = 0;
   r.where = Where::kWaiting;
-  waiting_.push_front(id);
+  waiting_.push_back(id);  // the front of the queue
   ++num_preemptions_;
 }
 
@@ -420,7 +415,7 @@ Result Simulator::run() {
     // never complete (without prefix caching it needs at least as many blocks again when it resumes).
     if ((info.num_tokens == 0 && !info.preempted && info.outputs_applied == 0) || info.doomed >= 0) {
       result.infeasibility = Infeasibility::kStuck;
-      result.blocking_request = info.doomed >= 0 ? info.doomed : (waiting_.empty() ? query_ : waiting_.front());
+      result.blocking_request = info.doomed >= 0 ? info.doomed : (waiting_.empty() ? query_ : waiting_.back());
       finish(result, Status::kInfeasible);
       return result;
     }
@@ -498,7 +493,21 @@ void validate(const Query& query, const BatchTimeCoefficients& c) {
   }
 }
 
-Result replay(const InstanceState& state, const Query& query, const BatchTimeCoefficients& coefficients,
+PreparedState prepare(const InstanceState& state) {
+  validate(state);
+  PreparedState prepared;
+  prepared.engine = state.engine;
+  prepared.free_blocks = state.free_blocks;
+  prepared.watermark_blocks =
+      static_cast<int64_t>(state.engine.watermark * static_cast<double>(state.engine.num_gpu_blocks + 1));
+  prepared.requests.reserve(state.running.size() + state.waiting.size());
+  for (const Resident& r : state.running) prepared.requests.push_back(make_req(r, state.engine, Where::kRunning));
+  for (const Resident& r : state.waiting) prepared.requests.push_back(make_req(r, state.engine, Where::kWaiting));
+  prepared.num_running = static_cast<int32_t>(state.running.size());
+  return prepared;
+}
+
+Result replay(const PreparedState& state, const Query& query, const BatchTimeCoefficients& coefficients,
               const Options& options) {
   validate(query, coefficients);
   return Simulator(state, query, coefficients, options).run();

@@ -41,6 +41,28 @@ struct InstanceState {
   std::vector<Resident> waiting;  // queue order
 };
 
+namespace detail {
+enum class Where : uint8_t { kRunning, kWaiting, kFinished };
+
+// A request as the simulation tracks it (vLLM's counters, plus where it is).
+struct Request {
+  int64_t prompt = 0, computed = 0, output = 0, placeholders = 0;
+  int64_t target = 0;  // output length at which the request stops
+  int64_t max_tokens = 0, blocks = 0;
+  Where where = Where::kWaiting;
+};
+}  // namespace detail
+
+// An instance state checked once and laid out for the simulation: build one per snapshot with prepare(), then replay
+// queries against it as often as needed.
+struct PreparedState {
+  EngineConfig engine;
+  int64_t free_blocks = 0;
+  int64_t watermark_blocks = 0;            // vLLM: int(watermark * num_blocks), its null block included
+  std::vector<detail::Request> requests;   // running (admission order), then waiting (queue order)
+  int32_t num_running = 0;
+};
+
 struct Query {
   int64_t num_prompt_tokens = 0;
   int64_t output_tokens = 1;
@@ -90,13 +112,15 @@ struct Result {
   std::vector<Batch> batches;     // only with Options::record_batches
 };
 
-// Throw std::invalid_argument for inputs the simulation cannot run on. validate(state) is O(residents): call it
-// once per state (the binding does, when an instance state is built), not per query.
+// Throw std::invalid_argument for inputs the simulation cannot run on.
 void validate(const InstanceState& state);
 void validate(const Query& query, const BatchTimeCoefficients& coefficients);
 
-// Replays `state` (which must have passed validate(state)) until the query's first token.
-Result replay(const InstanceState& state, const Query& query, const BatchTimeCoefficients& coefficients,
+// Validates `state` and lays it out for replays (O(residents): once per snapshot, not per query).
+PreparedState prepare(const InstanceState& state);
+
+// Replays the prepared state until the query's first token, the horizon, or proof that it never comes.
+Result replay(const PreparedState& state, const Query& query, const BatchTimeCoefficients& coefficients,
               const Options& options);
 
 // Eq. 12 time of `num_batches` non-empty batches with the given summed features. Both this core and the
