@@ -81,9 +81,11 @@ class BatchFeatures:
         )
 
 
-def is_decode(num_scheduled_tokens: int, num_computed_tokens: int, num_prompt_tokens: int) -> bool:
-    """A step's single token for a request whose prompt is complete is a decode token; anything else is prefill."""
-    return num_scheduled_tokens == 1 and num_computed_tokens >= num_prompt_tokens
+def is_decode(num_scheduled_tokens: int) -> bool:
+    """Whether a request's tokens in a step count as decode (else prefill): exactly one token, as vLLM's attention
+    backends split a batch (`split_decodes_and_prefills`, decode_threshold 1) — its cost is one token against its
+    context, whether that token is an output or the last of a prompt or recomputation."""
+    return num_scheduled_tokens == 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,6 +60,45 @@ def parse_case(document: Any) -> Case:
     return Case(state, query, _coefficients(_object(obj["batch_time"], "batch_time")), horizon_s)
 
 
+def case_to_json(case: Case) -> dict[str, Any]:
+    """The case format of a state, query and coefficients (parse_case's inverse, up to equivalent states)."""
+    engine = case.state.engine
+    document: dict[str, Any] = {
+        "engine": {name: getattr(engine, name) for name in (*_ENGINE_INTS, *_ENGINE_BOOLS, "watermark")},
+        "free_blocks": case.state.free_blocks,
+        "running": [_request_to_json(r, waiting=False) for r in case.state.running],
+        "waiting": [_request_to_json(r, waiting=True) for r in case.state.waiting],
+        "query": {"id": case.query.id, "num_prompt_tokens": case.query.num_prompt_tokens,
+                  "output_tokens": case.query.output_tokens},
+        "batch_time": {name: getattr(case.coefficients, name) for name in ("b0", "b1", "b2", "b3")},
+    }
+    if math.isfinite(case.horizon_s):
+        document["horizon_s"] = case.horizon_s
+    return document
+
+
+def _request_to_json(r: ResidentRequest, *, waiting: bool) -> dict[str, Any]:
+    prompt, computed, output, max_tokens = r.num_prompt_tokens, r.num_computed_tokens, r.num_output_tokens, r.max_tokens
+    decoding = not waiting and computed == prompt + output + r.num_output_placeholders - 1
+    if computed >= prompt and not decoding:  # recomputing past its prompt: fold its outputs into the prompt
+        prompt, output = prompt + output, 0
+        max_tokens = None if max_tokens is None else max_tokens - r.num_output_tokens
+    item: dict[str, Any] = {
+        "id": r.id,
+        "num_prompt_tokens": prompt,
+        "num_computed_tokens": prompt if decoding else computed,
+        "num_output_tokens": output,
+        "remaining_output_tokens": r.remaining_output_tokens,
+    }
+    if not waiting:
+        item["num_allocated_blocks"] = r.num_allocated_blocks
+    if max_tokens is not None:
+        item["max_tokens"] = max_tokens
+    if r.num_output_placeholders:
+        item["num_output_placeholders"] = r.num_output_placeholders
+    return item
+
+
 def result_to_json(result: ReplayResult) -> dict[str, Any]:
     """The printed form of a replay result (docs/replay-case.md, Output)."""
     out: dict[str, Any] = {

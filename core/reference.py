@@ -160,7 +160,7 @@ class ReferenceScheduler:
         request.blocks += blocks
 
     def _add(self, step: _Step, request: _Request, tokens: int) -> None:
-        decode = is_decode(tokens, request.computed, request.prompt)
+        decode = is_decode(tokens)
         step.features = step.features + BatchFeatures.of_request(
             0 if decode else tokens, 1 if decode else 0, request.computed
         )

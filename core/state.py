@@ -119,8 +119,8 @@ def _resident_problem(request: ResidentRequest, engine: EngineConfig, *, waiting
         return "token and block counts must be non-negative"
     if request.remaining_output_tokens < 1:
         return "remaining_output_tokens must be >= 1 (a request with nothing left to generate has finished)"
-    if request.num_computed_tokens > request.num_tokens + request.num_output_placeholders:
-        return "more computed tokens than the request has"
+    if request.num_computed_tokens > request.num_tokens + request.num_output_placeholders - (0 if waiting else 1):
+        return "more computed tokens than the request has (a running request always has a token left to compute)"
     if request.num_tokens >= engine.max_model_len:
         return "prompt + output tokens must be shorter than max_model_len"
     if request.max_tokens is not None and not request.num_output_tokens < request.max_tokens:

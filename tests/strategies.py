@@ -35,7 +35,7 @@ def running_requests(draw: st.DrawFn, name: str, engine: EngineConfig) -> Reside
     prompt = min(draw(tokens), engine.max_model_len - 2)
     output = min(draw(st.sampled_from([0, 0, 1, 2, 5, 50])), engine.max_model_len - prompt - 1)
     placeholders = draw(st.sampled_from([0, 1])) if engine.async_scheduling else 0
-    kind = draw(st.sampled_from(["decode", "decode", "prefill"]))
+    kind = draw(st.sampled_from(["decode", "decode", "prefill"])) if prompt + output > 1 else "decode"
     if kind == "decode":
         computed = prompt + output + placeholders - 1
     else:  # part way through its prompt (and, after a preemption, its outputs)

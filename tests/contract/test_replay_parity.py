@@ -14,9 +14,11 @@ from bear.core.state import InstanceState, Query
 from tests.strategies import coefficients, queries, states
 
 EXAMPLES = int(os.environ.get("BEAR_PARITY_EXAMPLES", "3000"))
+# CI replays the same examples every run; BEAR_PARITY_RANDOM=1 explores new ones (long soak runs).
+DERANDOMIZE = os.environ.get("BEAR_PARITY_RANDOM") != "1"
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=DERANDOMIZE, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(states(), queries, coefficients, st.sampled_from([math.inf, math.inf, 0.01, 0.1, 1.0]))
 def test_native_and_reference_give_identical_results(

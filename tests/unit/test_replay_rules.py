@@ -192,3 +192,38 @@ def test_the_first_token_is_sampled_in_the_step_completing_the_prompt(engine: Re
     result = run(state, make_query(prompt=250), engine)
     assert [b["q"] for b in scheduled(result)] == [100, 100, 50]
     assert result.first_token_batch == 3
+
+
+def _crowded_state(num_residents: int = 160) -> tuple:
+    """Residents decoding with staggered lengths, every slot taken: the query waits hundreds of batches."""
+    running = [decoding(f"r{i}", prompt=200 + 37 * i % 900, output=1 + i % 13, remaining=500 + (i * 53) % 600)
+               for i in range(num_residents)]
+    held = sum(r.num_allocated_blocks for r in running)
+    engine = make_engine(num_gpu_blocks=held + 50 * num_residents, max_num_seqs=num_residents)
+    return make_state(running=running, engine=engine), make_query(prompt=4000, output=100)
+
+
+def test_long_waits_cost_events_not_batches() -> None:
+    state, query = _crowded_state()
+    fast = run(state, query, ReplayEngine.NATIVE)
+    stepped = run(state, query, ReplayEngine.NATIVE, shortcuts=False)
+    reference = run(state, query, ReplayEngine.REFERENCE)
+    assert fast.first_token_batch == stepped.first_token_batch == reference.first_token_batch
+    assert fast.first_token_batch > 300
+    assert fast.ttft_s == stepped.ttft_s == reference.ttft_s
+    assert fast.batches == reference.batches
+    assert stepped.num_steps == stepped.num_batches
+    assert fast.num_steps < fast.num_batches / 5  # most batches were applied in closed form
+
+
+def test_one_query_against_many_instances_in_one_call() -> None:
+    from bear.core.replay import estimate, estimate_many, prepare
+    from tests.builders import COEFFICIENTS
+
+    crowded, query = _crowded_state()
+    idle = make_state()
+    candidates = [(prepare(crowded), COEFFICIENTS), (prepare(idle), COEFFICIENTS)]
+    many = estimate_many(query, candidates, horizon_s=10.0)
+    one_by_one = [estimate(prepared, query, coefs, horizon_s=10.0) for prepared, coefs in candidates]
+    assert many == one_by_one
+    assert many[1].first_token_batch == 2 and many[0].first_token_batch > 300

@@ -1,0 +1,76 @@
+#include "lazy_decoders.hpp"
+
+#include <limits>
+
+namespace bear::sim {
+
+void LazyDecoders::add(int32_t id, int64_t now, int64_t exit_step) {
+  if (buckets_.empty()) buckets_.resize(static_cast<size_t>(block_size_));
+  Request& r = requests_[static_cast<size_t>(id)];
+  r.mode = Mode::kLazy;
+  r.anchor = now;
+  r.generation = ++generation_;
+  // With tight blocks, the first new block is needed by the step that computes token blocks * block_size + 1.
+  const int64_t first_need = now + 1 + (r.blocks * block_size_ - r.computed);
+  r.bucket = static_cast<int32_t>(first_need % block_size_);
+  std::vector<int32_t>& bucket = buckets_[static_cast<size_t>(r.bucket)];
+  r.bucket_index = static_cast<int32_t>(bucket.size());
+  bucket.push_back(id);
+  exits_.push(Exit{exit_step, id, r.generation});
+  ++count_;
+  context_sum_ += r.computed;
+}
+
+void LazyDecoders::remove(int32_t id, int64_t now) {
+  Request& r = requests_[static_cast<size_t>(id)];
+  std::vector<int32_t>& bucket = buckets_[static_cast<size_t>(r.bucket)];
+  const int32_t moved = bucket.back();
+  bucket[static_cast<size_t>(r.bucket_index)] = moved;
+  requests_[static_cast<size_t>(moved)].bucket_index = r.bucket_index;
+  bucket.pop_back();
+  const int64_t steps = now - r.anchor;
+  context_sum_ -= r.computed + steps;
+  --count_;
+  r.computed += steps;
+  r.output += steps;
+  r.blocks = cdiv(r.computed, block_size_);
+  r.mode = Mode::kExplicit;
+}
+
+int64_t LazyDecoders::blocks_needed(int64_t now, int64_t steps) const {
+  if (count_ == 0) return 0;
+  int64_t needed = steps / block_size_ * count_;
+  for (int64_t i = 1; i <= steps % block_size_; ++i) {
+    needed += static_cast<int64_t>(buckets_[static_cast<size_t>((now + i) % block_size_)].size());
+  }
+  return needed;
+}
+
+int64_t LazyDecoders::steps_within_blocks(int64_t now, int64_t limit, int64_t free_blocks) const {
+  if (blocks_needed(now, limit) <= free_blocks) return limit;
+  int64_t fits = 0, short_of_blocks = limit;  // blocks_needed(fits) <= free < blocks_needed(short_of_blocks)
+  while (short_of_blocks - fits > 1) {
+    const int64_t mid = fits + (short_of_blocks - fits) / 2;
+    (blocks_needed(now, mid) <= free_blocks ? fits : short_of_blocks) = mid;
+  }
+  return fits;
+}
+
+int64_t LazyDecoders::next_exit() {
+  while (!exits_.empty()) {
+    const Exit& top = exits_.top();
+    const Request& r = requests_[static_cast<size_t>(top.id)];
+    if (r.mode == Mode::kLazy && r.generation == top.generation) return top.step;
+    exits_.pop();  // the request left early (preempted, or all were made explicit)
+  }
+  return std::numeric_limits<int64_t>::max();
+}
+
+int32_t LazyDecoders::pop_due(int64_t step) {
+  if (next_exit() > step) return -1;
+  const int32_t id = exits_.top().id;
+  exits_.pop();
+  return id;
+}
+
+}  // namespace bear::sim
