@@ -1,0 +1,76 @@
+"""`bear`: BEAR's latency-constrained routing (paper eq. 5) with a stated rule for queries no instance can serve in time.
+
+    feasible = {j : safety · TTFT_j ≤ τ}          TTFT_j: the instance's BEA (replay) estimate for this query
+    choose argmax_{j ∈ feasible} U_j,  U_j = acc_j − λ·cost_j  (eq. 4)
+
+When no instance is feasible, eq. 5 takes the lowest estimated TTFT. Past saturation that rule sends every doomed query
+to the least loaded instance and floods them all in turn, so the fallback is a parameter:
+
+- `min-ttft`: eq. 5 as published;
+- `max-utility`: the best utility anyway (the query misses its target wherever it goes, and the load lands where the
+  instance's own queue decides);
+- `shed`: refuse the query (`Decision.SHED`) when even the lowest estimate exceeds `shed_ratio` × τ; otherwise
+  `min-ttft`.
+
+A candidate without an estimate is treated as infeasible.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from bear.routing.contract import Candidate, Choice, Decision, Estimator, RouteRequest, Score, best
+from bear.routing.registry import register
+
+FALLBACKS = ("min-ttft", "max-utility", "shed")
+
+
+@register
+@dataclass
+class Bear:
+    name: ClassVar[str] = "bear"
+    estimator: ClassVar[Estimator | None] = Estimator.BEA
+
+    safety: float = 1.0  # feasibility requires safety · TTFT ≤ τ
+    fallback: str = "min-ttft"
+    shed_ratio: float = 2.0  # `shed`: refuse when the best TTFT exceeds shed_ratio · τ
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.safety) and self.safety > 0):
+            raise ValueError(f"safety must be a positive number, got {self.safety!r}")
+        if self.fallback not in FALLBACKS:
+            raise ValueError(f"fallback must be one of {', '.join(FALLBACKS)}, got {self.fallback!r}")
+        if not (math.isfinite(self.shed_ratio) and self.shed_ratio >= 1):
+            raise ValueError(f"shed_ratio must be >= 1, got {self.shed_ratio!r}")
+
+    def choose(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Choice:
+        scores = tuple(self._score(request, c) for c in candidates)
+        feasible = [s for s in scores if s.feasible]
+        if feasible:
+            chosen = best(feasible)
+            return Choice(chosen.instance_id, Decision.ROUTE, "best utility among instances meeting the TTFT target",
+                          scores)
+        return self._fallback(request, scores)
+
+    def _score(self, request: RouteRequest, candidate: Candidate) -> Score:
+        utility = candidate.utility(request.lambda_per_micro_usd)
+        ttft = candidate.ttft_s(self.estimator) if self.estimator else None
+        feasible = ttft is not None and self.safety * ttft <= request.ttft_slo_s
+        return Score(candidate.instance_id, utility, utility, ttft, feasible)
+
+    def _fallback(self, request: RouteRequest, scores: tuple[Score, ...]) -> Choice:
+        known = [s for s in scores if s.ttft_s is not None]
+        if self.fallback == "max-utility" or not known:
+            chosen = best(scores)
+            why = "no instance meets the TTFT target" + ("" if known else " (no TTFT estimates)")
+            return Choice(chosen.instance_id, Decision.ROUTE, f"{why}: best utility", scores)
+        fastest = min(known, key=lambda s: s.ttft_s)  # type: ignore[arg-type, return-value]
+        if self.fallback == "shed" and fastest.ttft_s > self.shed_ratio * request.ttft_slo_s:  # type: ignore[operator]
+            return Choice(None, Decision.SHED,
+                          f"no instance meets the TTFT target; the lowest estimate exceeds {self.shed_ratio}x the "
+                          f"target: shed", scores)
+        return Choice(fastest.instance_id, Decision.ROUTE, "no instance meets the TTFT target: lowest estimated TTFT",
+                      scores)
