@@ -1,5 +1,8 @@
 """The readable reference of the replay: vLLM V1's scheduler (0.32/0.33, FCFS, no prefix caching) step by step.
 
+`ReferenceScheduler` is also a steppable model of an engine (requests can be added between steps), which the
+evaluation harness uses to simulate instances.
+
 It follows `vllm/v1/core/sched/scheduler.py` closely and takes no shortcut; the compiled core (native/) must give the
 same batches, first-token batch and time, and the parity tests hold it to that. One step is `schedule()` — RUNNING
 requests first, in admission order, then WAITING ones in queue order, all under one token budget — followed by
@@ -26,7 +29,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 @dataclass(slots=True, eq=False)  # identity: two requests with equal counts are still two requests
-class _Request:
+class SchedulerRequest:
     id: str
     prompt: int
     computed: int
@@ -43,54 +46,63 @@ class _Request:
 
 
 @dataclass(slots=True)
-class _Step:
-    scheduled: list[tuple[_Request, int]] = field(default_factory=list)
-    sampled: list[_Request] = field(default_factory=list)
+class Step:
+    scheduled: list[tuple[SchedulerRequest, int]] = field(default_factory=list)
+    sampled: list[SchedulerRequest] = field(default_factory=list)
     features: BatchFeatures = field(default_factory=BatchFeatures)
     preempted: bool = False
-    query_sampled: bool = False
-    doomed: _Request | None = None  # preempted itself with nothing else running: it can never complete
+    doomed: SchedulerRequest | None = None  # preempted itself with nothing else running: it can never complete
     outputs_applied: int = 0  # sampled tokens processed in this step (async: the previous step's)
+    finished: list[SchedulerRequest] = field(default_factory=list)  # reached their length in this step's update
 
 
 class ReferenceScheduler:
-    """vLLM's scheduling rules over the state of one instance and the new query (appended to the waiting queue)."""
+    """vLLM's scheduling rules over one instance's state; requests can be added between steps."""
 
-    def __init__(self, state: InstanceState, query: Query) -> None:
+    def __init__(self, state: InstanceState) -> None:
         self.engine: EngineConfig = state.engine
         self.free_blocks = state.free_blocks
-        self.running: list[_Request] = [self._request(r, RUNNING) for r in state.running]
-        self.waiting: deque[_Request] = deque(self._request(r, WAITING) for r in state.waiting)
-        self.query = self._request(
-            ResidentRequest(query.id, query.num_prompt_tokens, 0, 0, query.output_tokens), WAITING
-        )
-        self.waiting.append(self.query)
+        self.running: list[SchedulerRequest] = [self._request(r, RUNNING) for r in state.running]
+        self.waiting: deque[SchedulerRequest] = deque(self._request(r, WAITING) for r in state.waiting)
         # Async: requests that sample a token in the step in flight.
-        self.in_flight: list[_Request] = [r for r in self.running if r.placeholders > 0]
+        self.in_flight: list[SchedulerRequest] = [r for r in self.running if r.placeholders > 0]
         self.num_preemptions = 0
 
-    def _request(self, r: ResidentRequest, where: str) -> _Request:
+    def add_request(self, request: ResidentRequest) -> SchedulerRequest:
+        """A new request joins the back of the waiting queue (before the next step is scheduled)."""
+        added = self._request(request, WAITING)
+        self.waiting.append(added)
+        return added
+
+    def state(self) -> InstanceState:
+        """The engine's state now, in vLLM's terms (remaining output tokens: up to each request's stop length)."""
+        def resident(r: SchedulerRequest) -> ResidentRequest:
+            return ResidentRequest(r.id, r.prompt, r.computed, r.output, max(r.stop_length - r.output, 1), r.blocks,
+                                   r.max_tokens, r.placeholders)
+
+        return InstanceState(self.engine, self.free_blocks, tuple(map(resident, self.running)),
+                             tuple(map(resident, self.waiting)))
+
+    def _request(self, r: ResidentRequest, where: str) -> SchedulerRequest:
         max_tokens = r.max_tokens if r.max_tokens is not None else self.engine.max_model_len - r.num_prompt_tokens
-        return _Request(
+        return SchedulerRequest(
             r.id, r.num_prompt_tokens, r.num_computed_tokens, r.num_output_tokens, r.num_output_placeholders,
             r.stop_length(self.engine), max_tokens, r.num_allocated_blocks, where,
         )
 
-    def step(self) -> _Step:
+    def step(self) -> Step:
         """One engine step: schedule, then process the outputs that are due (this step's, or the previous one's)."""
         step = self.schedule()
-        if step.query_sampled:
-            return step  # the replay stops at the query's first token
         if self.engine.async_scheduling:
-            step.outputs_applied = self.process_outputs(self.in_flight)
+            step.outputs_applied = self.process_outputs(self.in_flight, step.finished)
             self.in_flight = step.sampled
         else:
-            step.outputs_applied = self.process_outputs(step.sampled)
+            step.outputs_applied = self.process_outputs(step.sampled, step.finished)
         return step
 
-    def schedule(self) -> _Step:
+    def schedule(self) -> Step:
         # Invariant: no prefill or decode phases; each request gets min(tokens it lacks, budget left) tokens.
-        step = _Step()
+        step = Step()
         budget = self.engine.max_num_batched_tokens
         resident = len(self.running) + len(self.waiting)
         threshold = self.engine.long_prefill_token_threshold if resident > 1 else 0
@@ -99,7 +111,7 @@ class ReferenceScheduler:
             self._schedule_waiting(step, budget, threshold)
         return step
 
-    def _schedule_running(self, step: _Step, budget: int, threshold: int) -> int:
+    def _schedule_running(self, step: Step, budget: int, threshold: int) -> int:
         engine = self.engine
         index = 0
         while index < len(self.running) and budget > 0:
@@ -129,7 +141,7 @@ class ReferenceScheduler:
             index += 1
         return budget
 
-    def _schedule_waiting(self, step: _Step, budget: int, threshold: int) -> None:
+    def _schedule_waiting(self, step: Step, budget: int, threshold: int) -> None:
         engine = self.engine
         while budget > 0 and self.waiting and len(self.running) < engine.max_num_seqs:
             request = self.waiting[0]
@@ -155,11 +167,11 @@ class ReferenceScheduler:
             self._add(step, request, tokens)
             budget -= tokens
 
-    def _allocate(self, request: _Request, blocks: int) -> None:
+    def _allocate(self, request: SchedulerRequest, blocks: int) -> None:
         self.free_blocks -= blocks
         request.blocks += blocks
 
-    def _add(self, step: _Step, request: _Request, tokens: int) -> None:
+    def _add(self, step: Step, request: SchedulerRequest, tokens: int) -> None:
         decode = is_decode(tokens)
         step.features = step.features + BatchFeatures.of_request(
             0 if decode else tokens, 1 if decode else 0, request.computed
@@ -169,11 +181,10 @@ class ReferenceScheduler:
         request.computed += tokens
         if request.computed >= request.num_tokens + placeholders_before:  # not a partial prefill chunk: samples
             step.sampled.append(request)
-            step.query_sampled |= request is self.query
             if self.engine.async_scheduling:
                 request.placeholders += 1
 
-    def _preempt(self, request: _Request) -> None:
+    def _preempt(self, request: SchedulerRequest) -> None:
         """Recompute preemption: blocks freed, progress lost, back to the front of the waiting queue."""
         self.free_blocks += request.blocks
         request.blocks = 0
@@ -183,7 +194,7 @@ class ReferenceScheduler:
         self.waiting.appendleft(request)
         self.num_preemptions += 1
 
-    def process_outputs(self, samplers: list[_Request]) -> int:
+    def process_outputs(self, samplers: list[SchedulerRequest], finished: list[SchedulerRequest]) -> int:
         """Appends one token per sampler (a preempted one's stale token too) and finishes those at their length."""
         applied = 0
         for request in samplers:
@@ -202,6 +213,7 @@ class ReferenceScheduler:
             else:
                 self.waiting.remove(request)
             request.where = FINISHED
+            finished.append(request)
         return applied
 
 
@@ -215,7 +227,8 @@ def replay_reference(
 ) -> ReplayResult:
     """Steps the reference scheduler until the query samples its first token; always records the batches."""
     engine = state.engine
-    scheduler = ReferenceScheduler(state, query)
+    scheduler = ReferenceScheduler(state)
+    watched = scheduler.add_request(ResidentRequest(query.id, query.num_prompt_tokens, 0, 0, query.output_tokens))
     if query.num_prompt_tokens >= engine.max_model_len:
         return _stopped(ReplayStatus.INFEASIBLE, Infeasibility.PROMPT_TOO_LONG, query.id, state, query, horizon_s)
     if _cdiv(query.num_prompt_tokens, engine.block_size) > engine.num_gpu_blocks:
@@ -235,7 +248,7 @@ def replay_reference(
             coefficients.time_s(step.features) if step.scheduled else 0.0,
         ))
         elapsed = coefficients.time_s(total, num_timed)
-        if step.query_sampled:
+        if any(r is watched for r in step.sampled):
             return ReplayResult(ReplayStatus.FIRST_TOKEN, len(batches), elapsed, elapsed, len(batches), len(batches),
                                 scheduler.num_preemptions, "", tuple(batches))
         if elapsed > horizon_s:
