@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bear.core.batch_time import BatchFeatures, BatchTimeCoefficients, is_decode
 from bear.core.result import Infeasibility, ReplayResult, ReplayStatus, ScheduledBatch, explain
-from bear.core.state import EngineConfig, InstanceState, Query, ResidentRequest
+from bear.core.state import Arrival, EngineConfig, InstanceState, Query, ResidentRequest
 
 RUNNING, WAITING, FINISHED = "running", "waiting", "finished"
 
@@ -217,6 +218,43 @@ class ReferenceScheduler:
         return applied
 
 
+class EngineClock:
+    """When an engine schedules and executes its steps, from their predicted durations (seconds since the state).
+
+    Step m is scheduled once the engine has processed the output of step m-1 (sync) or m-2 (async scheduling, two
+    steps in flight); it executes once step m-1 has finished. At time 0 the state is the engine's just before it
+    schedules its next step; under async scheduling the step before it is still executing for `in_flight_s`. An idle
+    engine schedules again when a request arrives. End times are `origin + eq. 12 time of the batches since origin`,
+    on exact integer feature sums (the compiled core does the same operations, so both agree to the last bit).
+    """
+
+    def __init__(self, coefficients: BatchTimeCoefficients, *, async_scheduling: bool, in_flight_s: float) -> None:
+        self.coefficients = coefficients
+        self.async_scheduling = async_scheduling
+        self.last_end = in_flight_s if async_scheduling else 0.0  # end of step m-1
+        self.origin = self.last_end  # steps run back to back from here
+        self.sums = BatchFeatures()
+        self.num_timed = 0
+        self.end_before_last = 0.0  # end of step m-2
+        self.not_before = 0.0  # an idle or frozen engine schedules again no earlier than this
+
+    def next_schedule_s(self) -> float:
+        base = self.end_before_last if self.async_scheduling else self.last_end
+        return max(base, self.not_before)
+
+    def execute(self, features: BatchFeatures | None, scheduled_at_s: float) -> float:
+        """Runs a step scheduled at `scheduled_at_s` (None: an empty step, no forward pass); returns its end."""
+        start = max(self.last_end, scheduled_at_s)
+        if start > self.last_end:  # the engine was idle: time restarts from here
+            self.origin, self.sums, self.num_timed = start, BatchFeatures(), 0
+        if features is not None:
+            self.sums = self.sums + features
+            self.num_timed += 1
+        end = self.origin + self.coefficients.time_s(self.sums, self.num_timed)
+        self.end_before_last, self.last_end = self.last_end, end
+        return end
+
+
 def replay_reference(
     state: InstanceState,
     query: Query,
@@ -224,42 +262,61 @@ def replay_reference(
     *,
     horizon_s: float = math.inf,
     max_steps: int = 1_000_000,
+    query_time_s: float = 0.0,
+    in_flight_s: float = 0.0,
+    arrivals: Sequence[Arrival] = (),
 ) -> ReplayResult:
-    """Steps the reference scheduler until the query samples its first token; always records the batches."""
+    """Steps the reference scheduler until the query samples its first token; always records the batches.
+
+    The query (and each of `arrivals`) joins the waiting queue before the first step scheduled at or after its
+    arrival time. The TTFT runs from `query_time_s` to the end of the step that samples the query's first token.
+    """
     engine = state.engine
     scheduler = ReferenceScheduler(state)
-    watched = scheduler.add_request(ResidentRequest(query.id, query.num_prompt_tokens, 0, 0, query.output_tokens))
     if query.num_prompt_tokens >= engine.max_model_len:
         return _stopped(ReplayStatus.INFEASIBLE, Infeasibility.PROMPT_TOO_LONG, query.id, state, query, horizon_s)
     if _cdiv(query.num_prompt_tokens, engine.block_size) > engine.num_gpu_blocks:
         return _stopped(ReplayStatus.INFEASIBLE, Infeasibility.PROMPT_EXCEEDS_CACHE, query.id, state, query, horizon_s)
+    query_request = ResidentRequest(query.id, query.num_prompt_tokens, 0, 0, query.output_tokens)
+    pending = deque(sorted([*arrivals, Arrival(query_time_s, query_request)], key=lambda a: a.time_s))
+    clock = EngineClock(coefficients, async_scheduling=engine.async_scheduling, in_flight_s=in_flight_s)
+    watched: SchedulerRequest | None = None
     batches: list[ScheduledBatch] = []
-    total, num_timed = BatchFeatures(), 0
+    end = 0.0
     while True:
         if len(batches) >= max_steps:
             return _stopped(ReplayStatus.INFEASIBLE, Infeasibility.STEP_LIMIT, None, state, query, horizon_s,
-                            batches, total, num_timed, coefficients, scheduler.num_preemptions)
+                            batches, end - query_time_s, scheduler.num_preemptions)
+        scheduled_at = clock.next_schedule_s()
+        if not scheduler.running and not scheduler.waiting:  # idle until the next arrival
+            scheduled_at = max(scheduled_at, pending[0].time_s)
+        while pending and pending[0].time_s <= scheduled_at:
+            arrival = pending.popleft()
+            added = scheduler.add_request(arrival.request)
+            watched = added if arrival.request is query_request else watched
         step = scheduler.step()
-        if step.scheduled:  # an empty step runs no forward pass and takes no time
-            num_timed += 1
-            total = total + step.features
+        end = clock.execute(step.features if step.scheduled else None, scheduled_at)
         batches.append(ScheduledBatch(
             tuple((r.id, n) for r, n in step.scheduled), step.features,
             coefficients.time_s(step.features) if step.scheduled else 0.0,
         ))
-        elapsed = coefficients.time_s(total, num_timed)
-        if any(r is watched for r in step.sampled):
+        elapsed = end - query_time_s
+        if watched is not None and any(r is watched for r in step.sampled):
             return ReplayResult(ReplayStatus.FIRST_TOKEN, len(batches), elapsed, elapsed, len(batches), len(batches),
                                 scheduler.num_preemptions, "", tuple(batches))
         if elapsed > horizon_s:
             return _stopped(ReplayStatus.EXCEEDS_HORIZON, Infeasibility.NONE, None, state, query, horizon_s,
-                            batches, total, num_timed, coefficients, scheduler.num_preemptions)
-        # Nothing can change any more; or a request alone in RUNNING could not grow within the whole cache: it can
-        # never complete (without prefix caching it needs at least as many blocks again when it resumes).
-        if (not step.scheduled and not step.preempted and not step.outputs_applied) or step.doomed is not None:
+                            batches, elapsed, scheduler.num_preemptions)
+        # A request alone in RUNNING could not grow within the whole cache: it can never complete (without prefix
+        # caching it needs at least as many blocks again when it resumes). Or nothing changed: the state is frozen
+        # until the next arrival, and for good if none is left.
+        frozen = not step.scheduled and not step.preempted and not step.outputs_applied
+        if step.doomed is not None or (frozen and not pending):
             head = step.doomed.id if step.doomed else (scheduler.waiting[0].id if scheduler.waiting else query.id)
             return _stopped(ReplayStatus.INFEASIBLE, Infeasibility.STUCK, head, state, query, horizon_s,
-                            batches, total, num_timed, coefficients, scheduler.num_preemptions)
+                            batches, elapsed, scheduler.num_preemptions)
+        if frozen:
+            clock.not_before = pending[0].time_s
 
 
 def _stopped(
@@ -270,12 +327,9 @@ def _stopped(
     query: Query,
     horizon_s: float,
     batches: list[ScheduledBatch] | None = None,
-    total: BatchFeatures = BatchFeatures(),
-    num_timed: int = 0,
-    coefficients: BatchTimeCoefficients | None = None,
+    elapsed_s: float = 0.0,
     num_preemptions: int = 0,
 ) -> ReplayResult:
-    elapsed = coefficients.time_s(total, num_timed) if coefficients is not None else 0.0
     batches = batches or []
-    return ReplayResult(status, None, None, elapsed, len(batches), len(batches), num_preemptions,
+    return ReplayResult(status, None, None, elapsed_s, len(batches), len(batches), num_preemptions,
                         explain(kind, blocking_id, state, query, horizon_s), tuple(batches))

@@ -2,10 +2,12 @@
 
     prepared = prepare(state)                                  # once per snapshot: checks and converts it
     result = estimate(prepared, query, coefficients, horizon_s=slo_s + margin_s)
-    results = estimate_many(query, [(prepared_a, coefs_a), (prepared_b, coefs_b)])   # one call, GIL released
+    results = estimate_many(query, [Target(prepared_a, coefs_a), Target(prepared_b, coefs_b)])   # GIL released
 
-`replay(state, query, coefficients, engine=ReplayEngine.REFERENCE)` runs the step-by-step Python reference instead;
-both give identical batches, first-token batch and time.
+The clock starts when the state was taken. A query (or an `Arrival` dispatched since) arriving `query_time_s` later
+joins the first step scheduled at or after it; under async scheduling the step executing when the state was taken
+still runs for `in_flight_s`. `replay(..., engine=ReplayEngine.REFERENCE)` runs the step-by-step Python reference
+instead; both give identical batches, first-token batch and time.
 """
 
 from __future__ import annotations
@@ -22,13 +24,22 @@ from bear.core import _native
 from bear.core.batch_time import BatchFeatures, BatchTimeCoefficients
 from bear.core.reference import replay_reference
 from bear.core.result import Infeasibility, ReplayResult, ReplayStatus, ScheduledBatch, explain
-from bear.core.state import InstanceState, InvalidState, Query, ResidentRequest, check_query, check_state
+from bear.core.state import (
+    Arrival,
+    InstanceState,
+    InvalidState,
+    Query,
+    ResidentRequest,
+    check_arrivals,
+    check_query,
+    check_state,
+)
 
 DEFAULT_MAX_STEPS = 1_000_000
 
 
 class ReplayEngine(enum.StrEnum):
-    NATIVE = "native"  # the compiled core, with closed-form fast-forward of uniform decode runs
+    NATIVE = "native"  # the compiled core: event-driven, closed-form runs of quiet steps
     REFERENCE = "reference"  # the readable Python reference, step by step
 
 
@@ -40,6 +51,17 @@ class PreparedState:
     native: _native.PreparedState
     ids: tuple[str, ...]  # running, then waiting
     id_set: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One instance to estimate a query against: its prepared state, coefficients and timing (see module doc)."""
+
+    prepared: PreparedState
+    coefficients: BatchTimeCoefficients
+    query_time_s: float = 0.0
+    in_flight_s: float = 0.0
+    arrivals: tuple[Arrival, ...] = ()
 
 
 def prepare(state: InstanceState) -> PreparedState:
@@ -68,33 +90,32 @@ def estimate(
     coefficients: BatchTimeCoefficients,
     *,
     horizon_s: float = math.inf,
+    query_time_s: float = 0.0,
+    in_flight_s: float = 0.0,
+    arrivals: Sequence[Arrival] = (),
     record_batches: bool = False,
     shortcuts: bool = True,
     max_steps: int = DEFAULT_MAX_STEPS,
 ) -> ReplayResult:
     """Replays `prepared` with the compiled core until the query's first token (or the horizon)."""
-    _check_query(prepared, query)
-    native = _native.replay(prepared.native, _native.Query(query.num_prompt_tokens, query.output_tokens),
-                            _native_coefficients(coefficients), horizon_s, record_batches, shortcuts, max_steps)
-    return _result(native, prepared, query, horizon_s, record_batches)
+    target = Target(prepared, coefficients, query_time_s, in_flight_s, tuple(arrivals))
+    _check(target, query)
+    native = _native.replay(prepared.native, _native_query(query), _native_coefficients(coefficients), horizon_s,
+                            record_batches, shortcuts, max_steps, query_time_s, in_flight_s, _native_arrivals(arrivals))
+    return _result(native, target, query, horizon_s, record_batches)
 
 
-def estimate_many(
-    query: Query,
-    candidates: Sequence[tuple[PreparedState, BatchTimeCoefficients]],
-    *,
-    horizon_s: float = math.inf,
-) -> list[ReplayResult]:
+def estimate_many(query: Query, targets: Sequence[Target], *, horizon_s: float = math.inf) -> list[ReplayResult]:
     """Estimates one query against many instances in one call into the compiled core (GIL released)."""
-    for prepared, _ in candidates:
-        _check_query(prepared, query)
+    for target in targets:
+        _check(target, query)
     natives = _native.replay_each(
-        [prepared.native for prepared, _ in candidates],
-        [_native_coefficients(coefficients) for _, coefficients in candidates],
-        _native.Query(query.num_prompt_tokens, query.output_tokens),
+        [_native.Candidate(t.prepared.native, _native_coefficients(t.coefficients), t.query_time_s, t.in_flight_s,
+                           _native_arrivals(t.arrivals)) for t in targets],
+        _native_query(query),
         horizon_s,
     )
-    return [_result(native, prepared, query, horizon_s) for native, (prepared, _) in zip(natives, candidates)]
+    return [_result(native, target, query, horizon_s) for native, target in zip(natives, targets, strict=True)]
 
 
 def replay(
@@ -103,6 +124,9 @@ def replay(
     coefficients: BatchTimeCoefficients,
     *,
     horizon_s: float = math.inf,
+    query_time_s: float = 0.0,
+    in_flight_s: float = 0.0,
+    arrivals: Sequence[Arrival] = (),
     record_batches: bool = False,
     engine: ReplayEngine = ReplayEngine.NATIVE,
     shortcuts: bool = True,
@@ -110,19 +134,41 @@ def replay(
 ) -> ReplayResult:
     """Replays `state` once with the chosen engine (raises InvalidState on an inconsistent state or query)."""
     if engine is ReplayEngine.NATIVE:
-        return estimate(prepare(state), query, coefficients, horizon_s=horizon_s, record_batches=record_batches,
+        return estimate(prepare(state), query, coefficients, horizon_s=horizon_s, query_time_s=query_time_s,
+                        in_flight_s=in_flight_s, arrivals=arrivals, record_batches=record_batches,
                         shortcuts=shortcuts, max_steps=max_steps)
     check_state(state)
-    check_query(query, state)
-    result = replay_reference(state, query, coefficients, horizon_s=horizon_s, max_steps=max_steps)
-    return result if record_batches else _without_batches(result)
+    check_query(query, state, arrivals)
+    _check_timing(query_time_s, in_flight_s)
+    result = replay_reference(state, query, coefficients, horizon_s=horizon_s, max_steps=max_steps,
+                              query_time_s=query_time_s, in_flight_s=in_flight_s, arrivals=arrivals)
+    return result if record_batches else dataclasses.replace(result, batches=())
 
 
-def _check_query(prepared: PreparedState, query: Query) -> None:
+def _check(target: Target, query: Query) -> None:
     if query.num_prompt_tokens < 1 or query.output_tokens < 1:
         raise InvalidState("query: num_prompt_tokens and output_tokens must be >= 1")
-    if query.id in prepared.id_set:
+    if query.id in target.prepared.id_set:
         raise InvalidState(f"query.id {query.id!r} is also a resident request's id")
+    _check_timing(target.query_time_s, target.in_flight_s)
+    if target.arrivals:
+        check_arrivals(target.arrivals, target.prepared.state.engine, set(target.prepared.id_set) | {query.id})
+
+
+def _check_timing(query_time_s: float, in_flight_s: float) -> None:
+    if not (math.isfinite(query_time_s) and math.isfinite(in_flight_s) and in_flight_s >= 0):
+        raise InvalidState("query_time_s must be finite and in_flight_s finite and >= 0")
+
+
+def _native_query(query: Query) -> _native.Query:
+    return _native.Query(query.num_prompt_tokens, query.output_tokens)
+
+
+def _native_arrivals(arrivals: Sequence[Arrival]) -> list[_native.Arrivals]:
+    if not arrivals:
+        return []
+    return _native.arrivals(np.array([a.time_s for a in arrivals], dtype=np.float64),
+                            _table([a.request for a in arrivals]))
 
 
 _coefficient_cache: dict[BatchTimeCoefficients, _native.BatchTimeCoefficients] = {}
@@ -144,23 +190,27 @@ _INFEASIBILITY = (Infeasibility.NONE, Infeasibility.PROMPT_TOO_LONG, Infeasibili
                   Infeasibility.STUCK, Infeasibility.STEP_LIMIT)
 
 
-def _result(native: _native.Result, prepared: PreparedState, query: Query, horizon_s: float,
+def _result(native: _native.Result, target: Target, query: Query, horizon_s: float,
             record_batches: bool = False) -> ReplayResult:
     status_value, infeasibility, blocking, first_token_batch, num_batches, num_steps, preemptions, time_s = (
         native.summary()
     )
     status = _STATUS[status_value]
+    batches = _batches(native, target, query) if record_batches else ()
     if status is ReplayStatus.FIRST_TOKEN:
-        return ReplayResult(status, first_token_batch, time_s, time_s, num_batches, num_steps, preemptions, "",
-                            _batches(native, prepared, query) if record_batches else ())
-    blocking_id = None if blocking < 0 else (query.id if blocking == len(prepared.ids) else prepared.ids[blocking])
-    reason = explain(_INFEASIBILITY[infeasibility], blocking_id, prepared.state, query, horizon_s)
-    return ReplayResult(status, None, None, time_s, num_batches, num_steps, preemptions, reason,
-                        _batches(native, prepared, query) if record_batches else ())
+        return ReplayResult(status, first_token_batch, time_s, time_s, num_batches, num_steps, preemptions, "", batches)
+    blocking_id = None if blocking < 0 else _names(target, query)[blocking]
+    reason = explain(_INFEASIBILITY[infeasibility], blocking_id, target.prepared.state, query, horizon_s)
+    return ReplayResult(status, None, None, time_s, num_batches, num_steps, preemptions, reason, batches)
 
 
-def _batches(native: _native.Result, prepared: PreparedState, query: Query) -> tuple[ScheduledBatch, ...]:
-    names = (*prepared.ids, query.id)
+def _names(target: Target, query: Query) -> tuple[str, ...]:
+    """Request ids by the compiled core's indices: residents, arrivals, the query."""
+    return (*target.prepared.ids, *(a.request.id for a in target.arrivals), query.id)
+
+
+def _batches(native: _native.Result, target: Target, query: Query) -> tuple[ScheduledBatch, ...]:
+    names = _names(target, query)
     return tuple(
         ScheduledBatch(
             tuple((names[index], tokens) for index, tokens in b.scheduled),
@@ -169,8 +219,3 @@ def _batches(native: _native.Result, prepared: PreparedState, query: Query) -> t
         )
         for b in native.batches
     )
-
-
-def _without_batches(result: ReplayResult) -> ReplayResult:
-    return ReplayResult(result.status, result.first_token_batch, result.ttft_s, result.elapsed_s, result.num_batches,
-                        result.num_steps, result.num_preemptions, result.reason)

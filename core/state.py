@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -83,6 +85,15 @@ class Query:
     output_tokens: int  # predicted output length (≥ 1)
 
 
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """A request reaching the instance `time_s` after the state was taken (e.g. dispatched since a snapshot); it joins
+    the back of the waiting queue before the first step scheduled at or after that time."""
+
+    time_s: float
+    request: ResidentRequest  # as waiting: no computed tokens, blocks or placeholders
+
+
 def check_state(state: InstanceState) -> None:
     """Raises InvalidState unless the replay can run on `state` (the compiled core checks the same)."""
     engine = state.engine
@@ -104,11 +115,23 @@ def check_state(state: InstanceState) -> None:
     _require(len(set(ids)) == len(ids), "request ids must be unique")
 
 
-def check_query(query: Query, state: InstanceState) -> None:
+def check_query(query: Query, state: InstanceState, arrivals: Sequence[Arrival] = ()) -> None:
     _require(query.num_prompt_tokens >= 1, "query.num_prompt_tokens must be >= 1")
     _require(query.output_tokens >= 1, "query.output_tokens must be >= 1")
-    clash = any(r.id == query.id for r in state.running) or any(r.id == query.id for r in state.waiting)
-    _require(not clash, f"query.id {query.id!r} is also a resident request's id")
+    taken = {r.id for r in state.running} | {r.id for r in state.waiting}
+    _require(query.id not in taken, f"query.id {query.id!r} is also a resident request's id")
+    check_arrivals(arrivals, state.engine, taken | {query.id})
+
+
+def check_arrivals(arrivals: Sequence[Arrival], engine: EngineConfig, taken_ids: set[str]) -> None:
+    seen = set(taken_ids)
+    for index, arrival in enumerate(arrivals):
+        request = arrival.request
+        _require(math.isfinite(arrival.time_s), f"arrivals[{index}].time_s must be finite")
+        problem = _resident_problem(request, engine, waiting=True)
+        _require(problem is None, f"arrivals[{index}] (id {request.id!r}): {problem}")
+        _require(request.id not in seen, f"arrivals[{index}]: id {request.id!r} is already taken")
+        seen.add(request.id)
 
 
 def _resident_problem(request: ResidentRequest, engine: EngineConfig, *, waiting: bool) -> str | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from bear.core.batch_time import BatchTimeCoefficients
-from bear.core.state import EngineConfig, InstanceState, Query, ResidentRequest
+from bear.core.state import Arrival, EngineConfig, InstanceState, Query, ResidentRequest
 from tests.builders import cdiv
 
 # Token counts spread over orders of magnitude, so that long prompts, chunking and KV pressure all happen.
@@ -79,3 +79,14 @@ coefficients = st.builds(
     st.sampled_from([0.0, 1e-8, 7.1e-9]),
     st.sampled_from([0.0, 1e-9, 2.9e-10]),
 )
+
+
+@st.composite
+def timings(draw: st.DrawFn, state: InstanceState) -> dict[str, object]:
+    """When the query arrives after the state, the step in flight (async) and requests dispatched since."""
+    times = st.one_of(st.just(0.0), st.floats(0.0, 0.05), st.floats(0.0, 2.0))
+    arrivals = tuple(
+        Arrival(draw(times), draw(waiting_requests(f"a{i}", state.engine))) for i in range(draw(st.integers(0, 3)))
+    )
+    in_flight = draw(st.one_of(st.just(0.0), st.floats(0.0, 0.05))) if state.engine.async_scheduling else 0.0
+    return {"query_time_s": draw(times), "in_flight_s": in_flight, "arrivals": arrivals}

@@ -46,29 +46,50 @@ bear::PreparedState make_state(const bear::EngineConfig& engine, int64_t free_bl
   return bear::prepare(state);
 }
 
-bear::Options make_options(double horizon_s, bool record_batches, bool shortcuts, int64_t max_steps) {
+using DoubleArray = py::array_t<double, py::array::c_style | py::array::forcecast>;
+
+std::vector<bear::Arrival> arrivals_from(const DoubleArray& times, const Int64Table& requests) {
+  std::vector<bear::Resident> residents = residents_from(requests);
+  if (times.ndim() != 1 || static_cast<size_t>(times.shape(0)) != residents.size()) {
+    throw std::invalid_argument("one arrival time per arriving request");
+  }
+  std::vector<bear::Arrival> arrivals(residents.size());
+  auto at = times.unchecked<1>();
+  for (size_t i = 0; i < residents.size(); ++i) arrivals[i] = bear::Arrival{at(static_cast<py::ssize_t>(i)), residents[i]};
+  return arrivals;
+}
+
+bear::Result replay_one(const bear::PreparedState& state, const bear::Query& query,
+                        const bear::BatchTimeCoefficients& coefficients, double horizon_s, bool record_batches,
+                        bool shortcuts, int64_t max_steps, double query_time_s, double in_flight_s,
+                        const std::vector<bear::Arrival>& arrivals) {
   bear::Options options;
   options.horizon_s = horizon_s;
   options.record_batches = record_batches;
   options.shortcuts = shortcuts;
   options.max_steps = max_steps;
-  return options;
+  options.query_time_s = query_time_s;
+  options.in_flight_s = in_flight_s;
+  return bear::replay(state, query, coefficients, options, arrivals);
 }
 
-bear::Result replay_one(const bear::PreparedState& state, const bear::Query& query,
-                        const bear::BatchTimeCoefficients& coefficients, double horizon_s, bool record_batches,
-                        bool shortcuts, int64_t max_steps) {
-  return bear::replay(state, query, coefficients, make_options(horizon_s, record_batches, shortcuts, max_steps));
-}
+// One estimate per instance: (state, coefficients, query time, in-flight time, arrivals) each.
+struct Candidate {
+  const bear::PreparedState* state;
+  bear::BatchTimeCoefficients coefficients;
+  double query_time_s;
+  double in_flight_s;
+  std::vector<bear::Arrival> arrivals;
+};
 
-std::vector<bear::Result> replay_each(const std::vector<const bear::PreparedState*>& states,
-                                      const std::vector<bear::BatchTimeCoefficients>& coefficients,
-                                      const bear::Query& query, double horizon_s) {
-  if (states.size() != coefficients.size()) throw std::invalid_argument("one coefficient set per instance");
-  const bear::Options options = make_options(horizon_s, false, true, bear::Options{}.max_steps);
+std::vector<bear::Result> replay_each(const std::vector<Candidate>& candidates, const bear::Query& query,
+                                      double horizon_s) {
   std::vector<bear::Result> results;
-  results.reserve(states.size());
-  for (size_t i = 0; i < states.size(); ++i) results.push_back(bear::replay(*states[i], query, coefficients[i], options));
+  results.reserve(candidates.size());
+  for (const Candidate& c : candidates) {
+    results.push_back(replay_one(*c.state, query, c.coefficients, horizon_s, false, true, bear::Options{}.max_steps,
+                                 c.query_time_s, c.in_flight_s, c.arrivals));
+  }
   return results;
 }
 
@@ -137,9 +158,20 @@ void register_replay(py::module_& m) {
            "(status, infeasibility, blocking_request, first_token_batch, num_batches, num_steps, num_preemptions, "
            "time_s), in one conversion");
 
+  py::class_<bear::Arrival>(m, "Arrivals");  // opaque: built by `arrivals`
+  m.def("arrivals", &arrivals_from, py::arg("times"), py::arg("requests"),
+        "Arrivals from their times (shape (n,)) and a resident table (shape (n, 7))");
+  py::class_<Candidate>(m, "Candidate")
+      .def(py::init([](const bear::PreparedState& state, const bear::BatchTimeCoefficients& coefficients,
+                       double query_time_s, double in_flight_s, std::vector<bear::Arrival> arrivals) {
+             return Candidate{&state, coefficients, query_time_s, in_flight_s, std::move(arrivals)};
+           }),
+           py::arg("state"), py::arg("coefficients"), py::arg("query_time_s"), py::arg("in_flight_s"),
+           py::arg("arrivals"), py::keep_alive<1, 2>());
+
   m.def("replay", &replay_one, py::arg("state"), py::arg("query"), py::arg("coefficients"), py::arg("horizon_s"),
-        py::arg("record_batches"), py::arg("shortcuts"), py::arg("max_steps"),
+        py::arg("record_batches"), py::arg("shortcuts"), py::arg("max_steps"), py::arg("query_time_s"),
+        py::arg("in_flight_s"), py::arg("arrivals"), py::call_guard<py::gil_scoped_release>());
+  m.def("replay_each", &replay_each, py::arg("candidates"), py::arg("query"), py::arg("horizon_s"),
         py::call_guard<py::gil_scoped_release>());
-  m.def("replay_each", &replay_each, py::arg("states"), py::arg("coefficients"), py::arg("query"),
-        py::arg("horizon_s"), py::call_guard<py::gil_scoped_release>());
 }

@@ -14,20 +14,6 @@ namespace {
 
 using sim::cdiv;
 
-detail::Request make_request(const Resident& r, const EngineConfig& cfg, detail::Where where) {
-  detail::Request q;
-  q.prompt = r.num_prompt_tokens;
-  q.computed = r.num_computed_tokens;
-  q.output = r.num_output_tokens;
-  q.placeholders = r.num_output_placeholders;
-  q.max_tokens = r.max_tokens > 0 ? r.max_tokens : cfg.max_model_len - r.num_prompt_tokens;
-  q.target = std::min({r.num_output_tokens + r.remaining_output_tokens, q.max_tokens,
-                       cfg.max_model_len - r.num_prompt_tokens});
-  q.blocks = r.num_allocated_blocks;
-  q.where = where;
-  return q;
-}
-
 void require(bool ok, const char* message) {
   if (!ok) throw std::invalid_argument(message);
 }
@@ -97,19 +83,29 @@ PreparedState prepare(const InstanceState& state) {
       static_cast<int64_t>(state.engine.watermark * static_cast<double>(state.engine.num_gpu_blocks + 1));
   prepared.requests.reserve(state.running.size() + state.waiting.size());
   for (const Resident& r : state.running) {
-    prepared.requests.push_back(make_request(r, state.engine, detail::Where::kRunning));
+    prepared.requests.push_back(sim::from_resident(r, state.engine, detail::Where::kRunning));
   }
   for (const Resident& r : state.waiting) {
-    prepared.requests.push_back(make_request(r, state.engine, detail::Where::kWaiting));
+    prepared.requests.push_back(sim::from_resident(r, state.engine, detail::Where::kWaiting));
   }
   prepared.num_running = static_cast<int32_t>(state.running.size());
   return prepared;
 }
 
+void validate(const Arrival& arrival, const EngineConfig& engine) {
+  require(std::isfinite(arrival.time_s), "arrival time must be finite");
+  if (const char* problem = resident_problem(arrival.request, engine, true)) {
+    throw std::invalid_argument(std::string("arrival: ") + problem);
+  }
+}
+
 Result replay(const PreparedState& state, const Query& query, const BatchTimeCoefficients& coefficients,
-              const Options& options) {
+              const Options& options, const std::vector<Arrival>& arrivals) {
   validate(query, coefficients);
-  return sim::Simulator(state, query, coefficients, options).run();
+  require(std::isfinite(options.query_time_s) && std::isfinite(options.in_flight_s) && options.in_flight_s >= 0,
+          "query_time_s and in_flight_s must be finite, in_flight_s >= 0");
+  for (const Arrival& arrival : arrivals) validate(arrival, state.engine);
+  return sim::Simulator(state, query, coefficients, options, arrivals).run();
 }
 
 }  // namespace bear

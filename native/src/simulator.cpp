@@ -6,22 +6,29 @@
 namespace bear::sim {
 
 Simulator::Simulator(const PreparedState& state, const Query& query, const BatchTimeCoefficients& coefficients,
-                     const Options& options)
+                     const Options& options, const std::vector<Arrival>& arrivals)
     : cfg_(state.engine),
       coef_(coefficients),
       opt_(options),
       lazy_(state.engine.block_size, reqs_),
       free_blocks_(state.free_blocks),
       watermark_blocks_(state.watermark_blocks) {
-  const size_t num_requests = state.requests.size();
-  reqs_.resize(num_requests + 1);
-  for (size_t i = 0; i < num_requests; ++i) static_cast<detail::Request&>(reqs_[i]) = state.requests[i];
-  query_ = static_cast<int32_t>(num_requests);
-  Request& q = reqs_.back();
-  q.prompt = query.num_prompt_tokens;
-  q.max_tokens = cfg_.max_model_len - query.num_prompt_tokens;
-  q.target = std::min(std::max<int64_t>(query.output_tokens, 1), q.max_tokens);
-  q.where = detail::Where::kWaiting;
+  const size_t num_residents = state.requests.size();
+  reqs_.resize(num_residents + arrivals.size() + 1);
+  for (size_t i = 0; i < num_residents; ++i) static_cast<detail::Request&>(reqs_[i]) = state.requests[i];
+  for (size_t i = 0; i < arrivals.size(); ++i) {
+    const int32_t id = static_cast<int32_t>(num_residents + i);
+    static_cast<detail::Request&>(reqs_[id]) = from_resident(arrivals[i].request, cfg_, detail::Where::kWaiting);
+    arrivals_.emplace_back(arrivals[i].time_s, id);
+  }
+  query_ = static_cast<int32_t>(reqs_.size() - 1);
+  Resident q;
+  q.num_prompt_tokens = query.num_prompt_tokens;
+  q.remaining_output_tokens = std::max<int64_t>(query.output_tokens, 1);
+  static_cast<detail::Request&>(reqs_[query_]) = from_resident(q, cfg_, detail::Where::kWaiting);
+  arrivals_.emplace_back(options.query_time_s, query_);
+  std::stable_sort(arrivals_.begin(), arrivals_.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
   running_.reserve(reqs_.size());
   explicit_.reserve(reqs_.size());
   for (int32_t id = 0; id < state.num_running; ++id) {
@@ -32,8 +39,9 @@ Simulator::Simulator(const PreparedState& state, const Query& query, const Batch
   }
   num_running_ = state.num_running;
   waiting_.reserve(reqs_.size());
-  for (int32_t id = query_; id >= state.num_running; --id) waiting_.push_back(id);  // the query at the back
+  for (int32_t id = static_cast<int32_t>(num_residents) - 1; id >= state.num_running; --id) waiting_.push_back(id);
   sampled_.reserve(reqs_.size());
+  if (cfg_.async_scheduling) last_end_ = origin_ = options.in_flight_s;  // the step executing when the state was taken
   // Requests become lazy after the first step: a query admitted at once never pays for the bookkeeping.
 }
 
@@ -45,6 +53,8 @@ Simulator::Simulator(const PreparedState& state, const Query& query, const Batch
 StepInfo Simulator::step() {
   for (int32_t id = lazy_.pop_due(num_batches_ + 1); id >= 0; id = lazy_.pop_due(num_batches_ + 1)) leave_lazy(id);
   StepInfo info;
+  info.scheduled_at_s = schedule_time_s();
+  enqueue_arrivals(info.scheduled_at_s);
   batch_.num_prefill_tokens = batch_.num_decode_tokens = batch_.decode_context = batch_.prefill_attention = 0;
   sampled_.clear();
   int64_t budget = cfg_.max_num_batched_tokens;
@@ -62,6 +72,7 @@ StepInfo Simulator::step() {
   ++num_batches_;
   ++num_steps_;
   account_batch(info);
+  execute(info.scheduled_at_s);
   if (opt_.record_batches) record_batch();
   if (info.query_sampled) return info;
   if (cfg_.async_scheduling) {
@@ -289,12 +300,57 @@ void Simulator::account_batch(StepInfo& info) {
   const int64_t tokens = batch_.num_prefill_tokens + batch_.num_decode_tokens;
   batch_.time_s = 0.0;  // an empty step runs no forward pass and takes no time
   if (tokens == 0) return;
-  ++num_timed_batches_;
-  num_tokens_ += tokens;
-  decode_context_ += batch_.decode_context;
-  prefill_attention_ += batch_.prefill_attention;
   batch_.time_s = batch_time_s(coef_, 1.0, static_cast<double>(tokens), static_cast<double>(batch_.decode_context),
                                static_cast<double>(batch_.prefill_attention));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Arrivals and the clock.
+
+// When the next step is scheduled: after the output of the step before (sync) or two before (async) is processed;
+// an idle engine waits for the next arrival, and a frozen one for `not_before_`.
+double Simulator::schedule_time_s() const {
+  double at = std::max(cfg_.async_scheduling ? end_before_last_ : last_end_, not_before_);
+  if (num_running_ == 0 && waiting_.empty() && arrival_pending()) at = std::max(at, next_arrival_s());
+  return at;
+}
+
+// Requests that arrived by `scheduled_at_s` join the back of the waiting queue.
+void Simulator::enqueue_arrivals(double scheduled_at_s) {
+  while (arrival_pending() && next_arrival_s() <= scheduled_at_s) {
+    waiting_.insert(waiting_.begin(), arrivals_[next_arrival_].second);  // reversed: the back of the queue
+    ++next_arrival_;
+  }
+}
+
+// The step just scheduled executes once the one before has finished (time restarts after an idle gap).
+void Simulator::execute(double scheduled_at_s) {
+  const double start = std::max(last_end_, scheduled_at_s);
+  if (start > last_end_) {
+    origin_ = start;
+    num_timed_ = 0;
+    num_tokens_ = decode_context_ = prefill_attention_ = 0;
+  }
+  const int64_t tokens = batch_.num_prefill_tokens + batch_.num_decode_tokens;
+  if (tokens > 0) {
+    ++num_timed_;
+    num_tokens_ += tokens;
+    decode_context_ += batch_.decode_context;
+    prefill_attention_ += batch_.prefill_attention;
+  }
+  end_before_last_ = last_end_;
+  last_end_ = end_after(0);
+}
+
+// The end of the last step, or of `quiet_steps` more quiet steps (n decode tokens each, Σ context growing by n).
+double Simulator::end_after(int64_t quiet_steps) const {
+  const int64_t n = quiet_steps > 0 ? lazy_.count() : 0;
+  const i128 context = quiet_steps > 0 ? lazy_.context_sum() : 0;
+  const i128 tokens = num_tokens_ + static_cast<i128>(quiet_steps) * n;
+  const i128 decode = decode_context_ + static_cast<i128>(quiet_steps) * context +
+                      static_cast<i128>(n) * quiet_steps * (quiet_steps - 1) / 2;
+  return origin_ + batch_time_s(coef_, static_cast<double>(num_timed_ + quiet_steps), static_cast<double>(tokens),
+                                static_cast<double>(decode), static_cast<double>(prefill_attention_));
 }
 
 void Simulator::record_batch() {
@@ -436,22 +492,32 @@ void Simulator::fast_forward(int64_t steps) {
       batches_.push_back(batch);
     }
   }
+  end_before_last_ = end_after(steps - 1);
+  last_end_ = end_after(steps);
   num_batches_ += steps;
-  num_timed_batches_ += steps;
+  num_timed_ += steps;
   num_tokens_ += static_cast<i128>(steps) * n;
   decode_context_ += static_cast<i128>(steps) * context + static_cast<i128>(n) * steps * (steps - 1) / 2;
   lazy_.advance(steps);
 }
 
-// The simulated time so far, or after `extra_steps` more quiet steps.
-double Simulator::elapsed_s(int64_t extra_steps) const {
-  const int64_t n = extra_steps > 0 ? lazy_.count() : 0;
-  const i128 context = extra_steps > 0 ? lazy_.context_sum() : 0;
-  const i128 tokens = num_tokens_ + static_cast<i128>(extra_steps) * n;
-  const i128 decode = decode_context_ + static_cast<i128>(extra_steps) * context +
-                      static_cast<i128>(n) * extra_steps * (extra_steps - 1) / 2;
-  return batch_time_s(coef_, static_cast<double>(num_timed_batches_ + extra_steps), static_cast<double>(tokens),
-                      static_cast<double>(decode), static_cast<double>(prefill_attention_));
+// Time from the query's arrival to the end of the last step, or of `extra_steps` more quiet steps.
+double Simulator::elapsed_s(int64_t extra_steps) const { return end_after(extra_steps) - opt_.query_time_s; }
+
+// How many of the next `limit` quiet steps are scheduled before the next arrival is due (it must join the queue
+// before the first step scheduled at or after its time): step i of the run is scheduled at the end of run step i-1
+// (sync) or i-2 (async).
+int64_t Simulator::steps_before_next_arrival(int64_t limit) const {
+  if (!arrival_pending()) return limit;
+  const double due = next_arrival_s();
+  if (cfg_.async_scheduling && end_before_last_ >= due) return 0;
+  if (end_after(0) >= due) return cfg_.async_scheduling ? std::min<int64_t>(limit, 1) : 0;
+  int64_t before = 0, after = limit + 1;  // end_after(before) < due <= end_after(after)
+  while (after - before > 1) {
+    const int64_t mid = before + (after - before) / 2;
+    (end_after(mid) < due ? before : after) = mid;
+  }
+  return std::min(limit, before + (cfg_.async_scheduling ? 2 : 1));
 }
 
 // Smallest s in [1, limit] after which the simulated time passes the horizon, or limit + 1.
@@ -484,7 +550,7 @@ void Simulator::finish(Result& result, Status status) {
   result.num_batches = num_batches_;
   result.num_steps = num_steps_;
   result.num_preemptions = num_preemptions_;
-  result.time_s = elapsed_s();
+  result.time_s = num_batches_ > 0 ? elapsed_s() : 0.0;
   if (status == Status::kFirstToken) result.first_token_batch = num_batches_;
   result.batches = std::move(batches_);
 }
@@ -509,16 +575,22 @@ Result Simulator::run() {
       finish(result, Status::kExceedsHorizon);
       return result;
     }
-    // Nothing can change any more; or a request alone in RUNNING could not grow within the whole cache: it can
-    // never complete (without prefix caching it needs at least as many blocks again when it resumes).
-    if ((info.num_tokens == 0 && !info.preempted && info.outputs_applied == 0) || info.doomed >= 0) {
+    // A request alone in RUNNING could not grow within the whole cache: it can never complete (without prefix
+    // caching it needs at least as many blocks again when it resumes). Or nothing changed: the state is frozen until
+    // the next arrival, and for good if none is left.
+    const bool frozen = info.num_tokens == 0 && !info.preempted && info.outputs_applied == 0;
+    if (info.doomed >= 0 || (frozen && !arrival_pending())) {
       result.infeasibility = Infeasibility::kStuck;
       result.blocking_request = info.doomed >= 0 ? info.doomed : (waiting_.empty() ? query_ : waiting_.back());
       finish(result, Status::kInfeasible);
       return result;
     }
+    if (frozen) {
+      not_before_ = next_arrival_s();
+      continue;
+    }
     if (!quiet(info)) continue;
-    const int64_t steps = run_length();
+    const int64_t steps = steps_before_next_arrival(run_length());
     if (steps <= 0) continue;
     const int64_t past_horizon = steps_until_horizon(steps);
     if (past_horizon <= steps) {

@@ -28,6 +28,7 @@ struct StepInfo {
   bool query_sampled = false;
   bool queue_changed = false;  // an output finished a request or reached a waiting one
   bool all_lazy = false;       // every running request was lazy during the step
+  double scheduled_at_s = 0.0;
   int32_t doomed = -1;         // preempted itself with nothing else running: it can never complete
   int64_t num_tokens = 0;
   int64_t outputs_applied = 0;
@@ -36,7 +37,7 @@ struct StepInfo {
 class Simulator {
  public:
   Simulator(const PreparedState& state, const Query& query, const BatchTimeCoefficients& coefficients,
-            const Options& options);
+            const Options& options, const std::vector<Arrival>& arrivals);
   Result run();
 
  private:
@@ -65,9 +66,18 @@ class Simulator {
   void leave_lazy(int32_t id);
   void make_all_explicit();
 
+  // Arrivals and the clock (EngineClock in core/reference.py).
+  bool arrival_pending() const { return next_arrival_ < arrivals_.size(); }
+  double next_arrival_s() const { return arrivals_[next_arrival_].first; }
+  double schedule_time_s() const;
+  void enqueue_arrivals(double scheduled_at_s);
+  void execute(double scheduled_at_s);
+  double end_after(int64_t quiet_steps) const;
+
   // Closed-form runs of quiet steps, the horizon, the result.
   bool quiet(const StepInfo& info) const;
   int64_t run_length();
+  int64_t steps_before_next_arrival(int64_t limit) const;
   void fast_forward(int64_t steps);
   double elapsed_s(int64_t extra_steps = 0) const;
   int64_t steps_until_horizon(int64_t limit) const;
@@ -90,9 +100,14 @@ class Simulator {
   // Explicit requests sampling in the step in flight (async) or in the current step (sync); lazy ones implicitly.
   std::vector<int32_t> pending_, sampled_;
   std::vector<std::pair<int64_t, int32_t>> order_;  // scratch: (seq, id) of the requests a step must visit
+  std::vector<std::pair<double, int32_t>> arrivals_;  // (time, id) by time, the query last among equals
+  size_t next_arrival_ = 0;
   Batch batch_;
-  int64_t num_batches_ = 0, num_timed_batches_ = 0, num_steps_ = 0, num_preemptions_ = 0;
-  i128 num_tokens_ = 0, decode_context_ = 0, prefill_attention_ = 0;  // exact sums over all batches so far
+  int64_t num_batches_ = 0, num_steps_ = 0, num_preemptions_ = 0;
+  // The clock: the last step ended at origin_ + eq. 12 time of the batches since origin_ (exact integer sums).
+  double origin_ = 0.0, last_end_ = 0.0, end_before_last_ = 0.0, not_before_ = 0.0;
+  int64_t num_timed_ = 0;
+  i128 num_tokens_ = 0, decode_context_ = 0, prefill_attention_ = 0;
   std::vector<Batch> batches_;
 };
 

@@ -217,13 +217,65 @@ def test_long_waits_cost_events_not_batches() -> None:
 
 
 def test_one_query_against_many_instances_in_one_call() -> None:
-    from bear.core.replay import estimate, estimate_many, prepare
+    from bear.core.replay import Target, estimate, estimate_many, prepare
     from tests.builders import COEFFICIENTS
 
     crowded, query = _crowded_state()
     idle = make_state()
-    candidates = [(prepare(crowded), COEFFICIENTS), (prepare(idle), COEFFICIENTS)]
-    many = estimate_many(query, candidates, horizon_s=10.0)
-    one_by_one = [estimate(prepared, query, coefs, horizon_s=10.0) for prepared, coefs in candidates]
+    targets = [Target(prepare(crowded), COEFFICIENTS), Target(prepare(idle), COEFFICIENTS, query_time_s=0.5)]
+    many = estimate_many(query, targets, horizon_s=10.0)
+    one_by_one = [estimate(t.prepared, query, t.coefficients, horizon_s=10.0, query_time_s=t.query_time_s)
+                  for t in targets]
     assert many == one_by_one
     assert many[1].first_token_batch == 2 and many[0].first_token_batch > 300
+
+
+def test_a_query_arriving_mid_step_joins_the_next_scheduled_step(engine: ReplayEngine) -> None:
+    from tests.builders import COEFFICIENTS
+
+    state = make_state(running=[decoding("a", remaining=100)])
+    result = run(state, make_query(prompt=100), engine, query_time_s=0.01)
+    decode_s = COEFFICIENTS.time_s(result.batches[0].features)
+    # Sync: step m is scheduled when step m-1 ends; the first scheduled at or after 10 ms is the fourth.
+    assert [dict(b.scheduled) for b in result.batches[:3]] == [{"a": 1}] * 3
+    assert result.first_token_batch == 4 and "q" in dict(result.batches[3].scheduled)
+    ends = sum(b.time_s for b in result.batches)
+    assert result.ttft_s == pytest.approx(ends - 0.01, rel=1e-12)
+    assert 3 * decode_s >= 0.01 > 2 * decode_s
+
+
+def test_async_scheduling_misses_the_step_already_scheduled(engine: ReplayEngine) -> None:
+    engine_config = make_engine(async_scheduling=True)
+    state = make_state(running=[decoding("a", output=0, remaining=100, placeholders=1)], engine=engine_config)
+    # The step in flight ends at 2 ms; step 1 was scheduled at 0, so a query at 1 ms joins step 2, which runs
+    # after step 1.
+    result = run(state, make_query(prompt=100), engine, query_time_s=0.001, in_flight_s=0.002)
+    assert [dict(b.scheduled) for b in result.batches] == [{"a": 1}, {"a": 1, "q": 100}]
+    assert result.ttft_s == pytest.approx(0.002 + sum(b.time_s for b in result.batches) - 0.001, rel=1e-12)
+
+
+def test_an_idle_engine_starts_when_the_query_arrives(engine: ReplayEngine) -> None:
+    result = run(make_state(), make_query(prompt=500), engine, query_time_s=1.5)
+    assert result.first_token_batch == 1
+    assert result.ttft_s == pytest.approx(result.batches[0].time_s, rel=1e-12)
+
+
+def test_requests_dispatched_since_the_state_queue_ahead_of_the_query(engine: ReplayEngine) -> None:
+    from bear.core.state import Arrival
+
+    state = make_state(running=[decoding("a", remaining=100)], engine=make_engine(max_num_batched_tokens=600))
+    arrivals = [Arrival(0.005, queued("d1", prompt=500)), Arrival(0.0, queued("d0", prompt=50))]
+    result = run(state, make_query(prompt=300), engine, query_time_s=0.006, arrivals=arrivals)
+    batches = [dict(b.scheduled) for b in result.batches]
+    assert batches[0] == {"a": 1, "d0": 50}
+    assert batches[1] == {"a": 1, "d0": 1, "d1": 500}  # step 2 is scheduled at ~5.03 ms: d1 (5 ms) is in
+    assert batches[2] == {"a": 1, "d0": 1, "d1": 1, "q": 300}  # and the query (6 ms) joins the next one
+
+
+def test_a_frozen_state_waits_for_arrivals_then_is_stuck(engine: ReplayEngine) -> None:
+    from bear.core.state import Arrival
+
+    # Nothing runs and the head of the queue needs more blocks than are free (two are held elsewhere).
+    state = make_state(waiting=[queued("big", prompt=16 * 10)], engine=make_engine(num_gpu_blocks=10), free_blocks=8)
+    result = run(state, make_query(prompt=16), engine, query_time_s=0.3, arrivals=[Arrival(0.1, queued("x"))])
+    assert result.status is ReplayStatus.INFEASIBLE and "'big'" in result.reason

@@ -72,8 +72,19 @@ struct BatchTimeCoefficients {
   double b0 = 0.0, b1 = 0.0, b2 = 0.0, b3 = 0.0;
 };
 
+// A request reaching the instance `time_s` after the state was taken (e.g. dispatched by a router since a snapshot).
+struct Arrival {
+  double time_s = 0.0;
+  Resident request;  // waiting: no computed tokens, blocks or placeholders
+};
+
+// The replay's clock (seconds since the state was taken): step m is scheduled once the engine has processed the
+// output of step m-1 (sync) or m-2 (async) and executes once step m-1 has finished; the query and each arrival join
+// the waiting queue before the first step scheduled at or after their arrival time.
 struct Options {
-  double horizon_s = std::numeric_limits<double>::infinity();
+  double horizon_s = std::numeric_limits<double>::infinity();  // counted from the query's arrival
+  double query_time_s = 0.0;  // when the query arrives
+  double in_flight_s = 0.0;   // async: how long the step executing when the state was taken still runs
   bool record_batches = false;
   bool shortcuts = true;           // fast-forward runs of uniform decode steps in closed form
   int64_t max_steps = 1'000'000;  // steps simulated one by one before giving up
@@ -99,7 +110,7 @@ struct Batch {
   double time_s = 0.0;
 };
 
-// Request indices: running 0..R-1, waiting R..R+W-1, the query R+W.
+// Request indices: running 0..R-1, waiting R..R+W-1, arrivals R+W..R+W+A-1 (in the order given), the query last.
 struct Result {
   Status status = Status::kFirstToken;
   Infeasibility infeasibility = Infeasibility::kNone;
@@ -108,7 +119,7 @@ struct Result {
   int64_t num_batches = 0;        // batches simulated, fast-forwarded ones included
   int64_t num_steps = 0;          // batches simulated one by one
   int64_t num_preemptions = 0;
-  double time_s = 0.0;            // TTFT if kFirstToken, else the simulated time when the replay stopped
+  double time_s = 0.0;  // TTFT if kFirstToken, else the simulated time from the query's arrival to where it stopped
   std::vector<Batch> batches;     // only with Options::record_batches
 };
 
@@ -121,7 +132,7 @@ PreparedState prepare(const InstanceState& state);
 
 // Replays the prepared state until the query's first token, the horizon, or proof that it never comes.
 Result replay(const PreparedState& state, const Query& query, const BatchTimeCoefficients& coefficients,
-              const Options& options);
+              const Options& options, const std::vector<Arrival>& arrivals = {});
 
 // Eq. 12 time of `num_batches` non-empty batches with the given summed features. Both this core and the
 // Python reference evaluate it in this order, on exact integer sums, so their times agree to the last bit.
@@ -129,5 +140,8 @@ inline double batch_time_s(const BatchTimeCoefficients& c, double num_batches, d
                            double decode_context, double prefill_attention) {
   return c.b0 * num_batches + c.b1 * num_tokens + c.b2 * decode_context + c.b3 * prefill_attention;
 }
+
+// Checks one arrival (std::invalid_argument naming the problem).
+void validate(const Arrival& arrival, const EngineConfig& engine);
 
 }  // namespace bear
