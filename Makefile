@@ -30,5 +30,10 @@ test:
 bench:
 	$(VENV)/bin/python benchmarks/replay_bench.py --vllm-python $(VLLM_VENV)/bin/python
 
+# Predictor speed: one predict call per prompt of each synthetic regime (prints a table).
+.PHONY: bench-predictor
+bench-predictor:
+	$(VENV)/bin/python benchmarks/predictor_bench.py
+
 clean:
 	rm -rf build $(VENV) $(VLLM_VENV)

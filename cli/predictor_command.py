@@ -1,0 +1,188 @@
+"""`bear predictor train|evaluate|predict|synth`: train the accuracy and output-length predictor from an evaluation
+table, measure it, query it, or write the synthetic demo table. Each prints one JSON object; bad input exits 2 with a
+message naming the field, column or file. Progress bars go to stderr when it is a terminal.
+
+The predictor's modules (LightGBM, pyarrow, the tokenizer) are imported when an action runs, not when the `bear`
+command starts, so other subcommands do not pay for them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from bear.predictor.training import TrainingConfig
+
+EXIT_BAD_INPUT = 2
+T = TypeVar("T")
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "predictor", help="train, evaluate and query the accuracy / output-length predictor",
+        description="The predictor of accuracy, output length and cost per prompt and model (paper Appendix A.4).")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    train_parser = actions.add_parser("train", help="train from an evaluation table and write a model directory")
+    train_parser.add_argument("--evals", type=Path, required=True,
+                              help="evaluation table (.parquet, .csv or .jsonl): prompt, model, score, output_tokens, "
+                                   "optional task")
+    train_parser.add_argument("--catalog", type=Path,
+                              help="models YAML (prices in USD per million tokens); default: the paper's Qwen3 pool")
+    train_parser.add_argument("--out", type=Path, required=True, help="model directory to write")
+    train_parser.add_argument("--force", action="store_true", help="replace --out if it exists")
+    train_parser.add_argument("--seed", type=int, default=0)
+    train_parser.add_argument("--num-trees", type=_positive_int, default=TrainingConfig().num_trees)
+    train_parser.set_defaults(handler=_train)
+
+    evaluate_parser = actions.add_parser("evaluate", help="metrics per model against a constant baseline")
+    evaluate_parser.add_argument("--model-dir", type=Path, required=True)
+    evaluate_parser.add_argument("--evals", type=Path, required=True, help="held-out evaluation table")
+    evaluate_parser.set_defaults(handler=_evaluate)
+
+    predict_parser = actions.add_parser("predict", help="accuracy, output tokens and cost of one prompt per model")
+    predict_parser.add_argument("--model-dir", type=Path, required=True)
+    prompt = predict_parser.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="the prompt text")
+    prompt.add_argument("--prompt-file", type=Path, help="a file holding the prompt")
+    predict_parser.add_argument("--models", help="comma-separated model names (default: all)")
+    predict_parser.add_argument("--generated-tokens", type=_non_negative_int, metavar="G",
+                                help="also print expected_remaining_tokens of a request that has generated G tokens")
+    predict_parser.add_argument("--max-tokens", type=_positive_int, metavar="M", help="its max_tokens (with G)")
+    predict_parser.set_defaults(handler=_predict)
+
+    synth_parser = actions.add_parser("synth", help="write the SYNTHETIC demo evaluation table (not real evaluations)")
+    synth_parser.add_argument("--rows", type=_positive_int, required=True)
+    synth_parser.add_argument("--seed", type=int, required=True)
+    synth_parser.add_argument("--out", type=Path, required=True, help="output file (.parquet, .csv or .jsonl)")
+    synth_parser.set_defaults(handler=_synth)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from bear.predictor.artifact import FORMAT_VERSION
+    from bear.predictor.catalog import PAPER_POOL, read_catalog
+    from bear.predictor.evals import read_eval_table
+    from bear.predictor.tokenizers import KNOWN_TOKENIZERS
+    from bear.predictor.training import train
+
+    def work() -> dict[str, Any]:
+        if args.out.exists() and not args.force and (not args.out.is_dir() or any(args.out.iterdir())):
+            raise _Usage(f"out: {args.out} exists and is not empty (use --force to replace it)")
+        catalog = read_catalog(args.catalog, KNOWN_TOKENIZERS) if args.catalog else PAPER_POOL
+        table = read_eval_table(args.evals)
+        start = time.perf_counter()
+        artifact = train(table, catalog, TrainingConfig(num_trees=args.num_trees, seed=args.seed), _progress)
+        artifact.save(args.out, replace=True)
+        return {"out": str(args.out), "format_version": FORMAT_VERSION, "models": list(catalog.names),
+                "num_rows": artifact.training["num_rows"], "num_prompts": artifact.training["num_prompts"],
+                "train_s": round(time.perf_counter() - start, 2)}
+    return _run("train", work)
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from bear.predictor.evals import read_eval_table
+    from bear.predictor.predictor import load_predictor
+
+    def work() -> dict[str, Any]:
+        predictor = load_predictor(args.model_dir)
+        return predictor.evaluate(read_eval_table(args.evals), _progress)
+    return _run("evaluate", work)
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from bear.predictor.predictor import load_predictor
+
+    def work() -> dict[str, Any]:
+        if args.max_tokens is not None:
+            if args.generated_tokens is None:
+                raise _Usage("max-tokens: only with --generated-tokens")
+            if args.max_tokens <= args.generated_tokens:
+                raise _Usage("max-tokens: must exceed --generated-tokens")
+        text = args.prompt if args.prompt is not None else _read_prompt(args.prompt_file)
+        predictor = load_predictor(args.model_dir)
+        models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None
+        out: dict[str, dict[str, Any]] = {}
+        for name, p in predictor.predict(text, models).items():
+            out[name] = {"accuracy": round(p.accuracy, 4), "output_tokens": round(p.output_tokens, 1),
+                         "prompt_tokens": p.prompt_tokens, "cost_usd": p.cost_usd}
+            if args.generated_tokens is not None:
+                out[name]["expected_remaining_tokens"] = round(predictor.expected_remaining_tokens(
+                    name, p.output_tokens, args.generated_tokens, args.max_tokens), 1)
+        return {"models": out}
+    return _run("predict", work)
+
+
+def _synth(args: argparse.Namespace) -> int:
+    from bear.predictor.catalog import PAPER_POOL
+    from bear.predictor.evals import write_eval_table
+    from bear.predictor.synthetic_corpus import SOURCE, TABLE2_MEAN_SCORE, generate
+
+    def work() -> dict[str, Any]:
+        corpus = generate(args.rows, args.seed, _progress)
+        write_eval_table(corpus.table, args.out, {"source": [SOURCE] * len(corpus.table)})
+        return {"synthetic": True, "source": SOURCE, "out": str(args.out), "rows": len(corpus.table),
+                "prompts": corpus.num_prompts, "seed": args.seed,
+                "mean_score": {task: {m: round(s, 4) for m, s in scores.items()}
+                               for task, scores in corpus.mean_scores().items()},
+                "table2_mean_score": {task: dict(zip(PAPER_POOL.names, scores, strict=True))
+                                      for task, scores in TABLE2_MEAN_SCORE.items()}}
+    return _run("synth", work)
+
+
+class _Usage(ValueError):
+    """A bad combination of options; the message names the option."""
+
+
+def _run(action: str, work: Callable[[], dict[str, Any]]) -> int:
+    from bear.predictor.artifact import ArtifactError
+    from bear.predictor.catalog import CatalogError, UnknownModelError
+    from bear.predictor.evals import EvalsError
+    from bear.predictor.features import EmptyPromptError
+    from bear.predictor.tokenizers import TokenizerUnavailable
+
+    bad_input = (EvalsError, CatalogError, ArtifactError, EmptyPromptError, UnknownModelError, TokenizerUnavailable,
+                 _Usage)
+    try:
+        output = work()
+    except bad_input as error:
+        print(f"bear predictor {action}: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as error:
+        print(f"bear predictor {action}: {error.filename or ''}: {error.strerror or error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(json.dumps(output))
+    return 0
+
+
+def _read_prompt(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise _Usage(f"prompt-file: cannot read {path}: {error}") from None
+
+
+def _progress(items: Iterable[T], description: str, total: int) -> Iterable[T]:
+    from tqdm import tqdm
+
+    return tqdm(items, desc=description, total=total, disable=not sys.stderr.isatty(), leave=False, file=sys.stderr)
+
+
+def _positive_int(text: str) -> int:
+    value = _non_negative_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
+    return value

@@ -1,0 +1,195 @@
+"""A trained predictor on disk: one directory, every file listed with its SHA-256 in the manifest.
+
+    manifest.json              format, format_version, files {name: sha256}, training summary
+    catalog.json               the models with prices (USD per million tokens), parameter counts, contexts, tokenizers
+    features.json              the feature definition (bear.predictor.features.feature_spec) the models were trained on
+    projections.json           per tokenizer, the hashing projection (mean, components)
+    accuracy.lgbm.txt          LightGBM text model: judge score
+    log_output_tokens.lgbm.txt LightGBM text model: log output tokens (the length scale)
+    length_distributions.json  per model, the ratio table of real to predicted length and the scale-to-mean factor
+    baselines.json             per model, the constant predictor's values (for `evaluate`)
+
+Loading checks, in order: the manifest, the format and its version, every file's presence and checksum, the feature
+definition against this code's, then each file's content. Any failure is an ArtifactError saying which file and why.
+JSON floats round-trip exactly, so a loaded artifact predicts exactly what the trained one did.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from bear.predictor.catalog import Catalog, CatalogError, parse_catalog
+from bear.predictor.evaluation import ConstantBaseline
+from bear.predictor.features import HASH_DIMENSIONS, PROJECTION_DIMENSIONS, feature_spec
+from bear.predictor.length_distribution import LengthDistribution
+from bear.predictor.projection import Projection
+from bear.predictor.tokenizers import KNOWN_TOKENIZERS
+
+FORMAT = "bear-predictor"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+ACCURACY_MODEL = "accuracy.lgbm.txt"
+LOG_OUTPUT_TOKENS_MODEL = "log_output_tokens.lgbm.txt"
+T = TypeVar("T")
+
+
+class ArtifactError(ValueError):
+    """A directory that is not a loadable predictor artifact; the message names the file and the problem."""
+
+
+@dataclass(frozen=True, eq=False)
+class PredictorArtifact:
+    catalog: Catalog
+    projections: Mapping[str, Projection]  # by tokenizer name
+    accuracy_model: str  # LightGBM text
+    log_output_tokens_model: str  # LightGBM text
+    length_distributions: Mapping[str, LengthDistribution]  # by model name
+    baselines: Mapping[str, ConstantBaseline]  # by model name
+    training: Mapping[str, Any]  # summary of the training run
+
+    def save(self, folder: Path, *, replace: bool = False) -> None:
+        """Writes the artifact into `folder` (written whole in a sibling, then renamed into place)."""
+        if folder.exists() and not replace and (not folder.is_dir() or any(folder.iterdir())):
+            raise FileExistsError(f"{folder} exists and is not an empty directory")
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+        try:
+            files = {
+                "catalog.json": _json(self.catalog.to_json()),
+                "features.json": _json(feature_spec()),
+                "projections.json": _json({name: {"mean": p.mean.tolist(), "components": p.components.tolist()}
+                                           for name, p in self.projections.items()}),
+                ACCURACY_MODEL: self.accuracy_model,
+                LOG_OUTPUT_TOKENS_MODEL: self.log_output_tokens_model,
+                "length_distributions.json": _json({name: {"scale_to_mean": d.scale_to_mean,
+                                                           "tail_points": d.tail_points, "ratios": d.ratios.tolist()}
+                                                    for name, d in self.length_distributions.items()}),
+                "baselines.json": _json({name: {"accuracy": b.accuracy, "output_tokens": b.output_tokens}
+                                         for name, b in self.baselines.items()}),
+            }
+            for name, text in files.items():
+                (staging / name).write_text(text, encoding="utf-8")
+            manifest = {"format": FORMAT, "format_version": FORMAT_VERSION,
+                        "files": {name: _sha256(text) for name, text in files.items()}, "training": self.training}
+            (staging / MANIFEST).write_text(_json(manifest), encoding="utf-8")
+            if folder.exists():
+                shutil.rmtree(folder)
+            staging.rename(folder)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+
+    @staticmethod
+    def load(folder: Path) -> PredictorArtifact:
+        texts = _verified_files(folder)
+        stored_spec, current_spec = _decode(texts, folder, "features.json"), feature_spec()
+        if stored_spec != current_spec:
+            differing = sorted(k for k in {*stored_spec, *current_spec} if stored_spec.get(k) != current_spec.get(k))
+            raise ArtifactError(f"{folder}/features.json: trained on other features than this version of BEAR "
+                                f"computes (differing: {', '.join(differing)}); retrain")
+        try:
+            catalog = parse_catalog(_decode(texts, folder, "catalog.json"), KNOWN_TOKENIZERS)
+        except CatalogError as error:
+            raise ArtifactError(f"{folder}/catalog.json: {error}") from None
+        return PredictorArtifact(
+            catalog=catalog,
+            projections=_projections(_decode(texts, folder, "projections.json"), catalog, folder),
+            accuracy_model=texts[ACCURACY_MODEL],
+            log_output_tokens_model=texts[LOG_OUTPUT_TOKENS_MODEL],
+            length_distributions=_per_model(_decode(texts, folder, "length_distributions.json"), catalog, folder,
+                                            "length_distributions.json", _distribution),
+            baselines=_per_model(_decode(texts, folder, "baselines.json"), catalog, folder, "baselines.json",
+                                 _baseline),
+            training=json.loads(texts[MANIFEST]).get("training", {}),
+        )
+
+
+def _verified_files(folder: Path) -> dict[str, str]:
+    if not (folder / MANIFEST).is_file():
+        raise ArtifactError(f"{folder}: not a predictor artifact ({MANIFEST} is missing)")
+    try:
+        manifest_text = (folder / MANIFEST).read_text(encoding="utf-8")
+        manifest = json.loads(manifest_text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ArtifactError(f"{folder}/{MANIFEST}: unreadable ({error})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ArtifactError(f"{folder}/{MANIFEST}: not a {FORMAT} manifest")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ArtifactError(f"{folder}: artifact format_version {manifest.get('format_version')!r}, this version of "
+                            f"BEAR reads {FORMAT_VERSION}; retrain or use a matching BEAR")
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise ArtifactError(f"{folder}/{MANIFEST}: no file list")
+    texts = {MANIFEST: manifest_text}
+    for name in ("catalog.json", "features.json", "projections.json", ACCURACY_MODEL, LOG_OUTPUT_TOKENS_MODEL,
+                 "length_distributions.json", "baselines.json"):
+        if name not in files:
+            raise ArtifactError(f"{folder}/{MANIFEST}: does not list {name}")
+        try:
+            text = (folder / name).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise ArtifactError(f"{folder}/{name}: missing or unreadable ({error})") from None
+        if _sha256(text) != files[name]:
+            raise ArtifactError(f"{folder}/{name}: corrupt (its SHA-256 differs from the manifest's)")
+        texts[name] = text
+    return texts
+
+
+def _decode(texts: Mapping[str, str], folder: Path, name: str) -> Any:
+    try:
+        return json.loads(texts[name])
+    except json.JSONDecodeError as error:
+        raise ArtifactError(f"{folder}/{name}: not valid JSON ({error})") from None
+
+
+def _projections(document: Any, catalog: Catalog, folder: Path) -> dict[str, Projection]:
+    out = {}
+    for name in catalog.tokenizers:
+        try:
+            entry = document[name]
+            projection = Projection(np.array(entry["mean"], dtype=np.float64),
+                                    np.array(entry["components"], dtype=np.float64))
+        except (KeyError, TypeError, ValueError) as error:
+            raise ArtifactError(f"{folder}/projections.json: tokenizer {name!r}: {error}") from None
+        if projection.components.shape != (PROJECTION_DIMENSIONS, HASH_DIMENSIONS):
+            raise ArtifactError(f"{folder}/projections.json: tokenizer {name!r}: components of shape "
+                                f"{projection.components.shape}, expected {(PROJECTION_DIMENSIONS, HASH_DIMENSIONS)}")
+        out[name] = projection
+    return out
+
+
+def _per_model(document: Any, catalog: Catalog, folder: Path, file: str,
+               parse: Callable[[Any], T]) -> dict[str, T]:
+    out = {}
+    for name in catalog.names:
+        try:
+            out[name] = parse(document[name])
+        except (KeyError, TypeError, ValueError) as error:
+            raise ArtifactError(f"{folder}/{file}: model {name!r}: {error}") from None
+    return out
+
+
+def _distribution(entry: Any) -> LengthDistribution:
+    return LengthDistribution(np.array(entry["ratios"], dtype=np.float64), int(entry["tail_points"]),
+                              float(entry["scale_to_mean"]))
+
+
+def _baseline(entry: Any) -> ConstantBaseline:
+    return ConstantBaseline(float(entry["accuracy"]), float(entry["output_tokens"]))
+
+
+def _json(document: Any) -> str:
+    return json.dumps(document, indent=1) + "\n"
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()

@@ -1,0 +1,178 @@
+"""The evaluation table an operator trains the predictor from: one row per (prompt, model) that was run and judged.
+
+Columns: prompt (text), model (a catalogue name), score (the judge's score normalised to [0, 1], Appendix C),
+output_tokens (the response's length, an integer >= 1), and optionally task (a label kept for reports; never a feature,
+since a prompt arriving at the router has none). Other columns are ignored. Formats, by file extension: Parquet
+(.parquet, .pq), CSV (.csv, with a header) and JSON Lines (.jsonl, .ndjson). An EvalsError names the column, and the
+row (counted from 1) where one is at fault.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REQUIRED_COLUMNS = ("prompt", "model", "score", "output_tokens")
+OPTIONAL_COLUMNS = ("task",)
+FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+
+
+class EvalsError(ValueError):
+    """An evaluation table that cannot be used; the message names the column (and row)."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class EvalTable:
+    prompts: tuple[str, ...]
+    models: tuple[str, ...]
+    scores: np.ndarray  # float64 in [0, 1]
+    output_tokens: np.ndarray  # int64 >= 1
+    tasks: tuple[str, ...] | None = None
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def rows_of(self, model: str) -> np.ndarray:
+        """Indices of the model's rows."""
+        return np.flatnonzero(np.asarray(self.models, dtype=object) == model)
+
+
+def read_eval_table(path: Path) -> EvalTable:
+    columns, from_text = _read_columns(path)
+    return table_from_columns(columns, from_text=from_text)
+
+
+def write_eval_table(table: EvalTable, path: Path, extra_columns: Mapping[str, Sequence[Any]] | None = None) -> None:
+    """Writes `table` (and `extra_columns`, one value per row) in the format of `path`'s extension."""
+    columns: dict[str, list[Any]] = {
+        "prompt": list(table.prompts), "model": list(table.models), "score": table.scores.tolist(),
+        "output_tokens": table.output_tokens.tolist(),
+    }
+    if table.tasks is not None:
+        columns["task"] = list(table.tasks)
+    columns.update({name: list(values) for name, values in (extra_columns or {}).items()})
+    kind = _format(path)
+    if kind == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table(columns), path)
+    elif kind == "csv":
+        with path.open("w", newline="", encoding="utf-8") as out:
+            writer = csv.writer(out)
+            writer.writerow(columns)
+            writer.writerows(zip(*columns.values(), strict=True))
+    else:
+        with path.open("w", encoding="utf-8") as out:
+            for i in range(len(table)):
+                out.write(json.dumps({name: values[i] for name, values in columns.items()}) + "\n")
+
+
+def table_from_columns(columns: Mapping[str, Sequence[Any]], *, from_text: bool = False) -> EvalTable:
+    """Checks and converts decoded columns (`from_text`: CSV, where every value is a string)."""
+    for name in REQUIRED_COLUMNS:
+        if name not in columns:
+            raise EvalsError(f"evals: missing column {name!r} (need {', '.join(REQUIRED_COLUMNS)})")
+    num_rows = len(columns["prompt"])
+    if num_rows == 0:
+        raise EvalsError("evals: the table has no rows")
+    prompts = tuple(_text(v, "prompt", i) for i, v in enumerate(columns["prompt"]))
+    models = tuple(_text(v, "model", i) for i, v in enumerate(columns["model"]))
+    scores = np.array([_score(v, i, from_text) for i, v in enumerate(columns["score"])], dtype=np.float64)
+    tokens = np.array([_tokens(v, i, from_text) for i, v in enumerate(columns["output_tokens"])], dtype=np.int64)
+    tasks = None
+    if "task" in columns:
+        tasks = tuple(_text(v, "task", i) for i, v in enumerate(columns["task"]))
+    if not (len(models) == len(scores) == len(tokens) == num_rows):
+        raise EvalsError("evals: columns have different lengths")
+    return EvalTable(prompts, models, scores, tokens, tasks)
+
+
+def _read_columns(path: Path) -> tuple[dict[str, list[Any]], bool]:
+    kind = _format(path)
+    try:
+        if kind == "parquet":
+            return _parquet_columns(path), False
+        if kind == "csv":
+            with path.open(newline="", encoding="utf-8") as source:
+                reader = csv.DictReader(source)
+                rows = list(reader)
+                names = [name for name in reader.fieldnames or () if isinstance(name, str)]
+            return {name: [row[name] for row in rows] for name in names}, True
+        return _jsonl_columns(path), False
+    except OSError as error:
+        raise EvalsError(f"evals: cannot read {path}: {error.strerror or error}") from None
+    except (UnicodeDecodeError, csv.Error) as error:
+        raise EvalsError(f"evals: {path} is not a readable {kind} file: {error}") from None
+
+
+def _parquet_columns(path: Path) -> dict[str, list[Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path).to_pydict()
+    except pa.ArrowException as error:
+        raise EvalsError(f"evals: {path} is not a readable Parquet file: {error}") from None
+
+
+def _jsonl_columns(path: Path) -> dict[str, list[Any]]:
+    columns: dict[str, list[Any]] = {}
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    for i, line in enumerate(lines):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise EvalsError(f"evals row {i + 1}: not valid JSON: {error}") from None
+        if not isinstance(record, dict):
+            raise EvalsError(f"evals row {i + 1}: expected a JSON object")
+        for name in {*columns, *record}:
+            columns.setdefault(name, [None] * i).append(record.get(name))
+    return columns
+
+
+def _format(path: Path) -> str:
+    kind = FORMATS.get(path.suffix.lower())
+    if kind is None:
+        raise EvalsError(f"evals: {path.name}: unknown format; use one of {', '.join(FORMATS)}")
+    return kind
+
+
+def _text(value: Any, column: str, i: int) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise EvalsError(f"evals row {i + 1}: {column} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _score(value: Any, i: int, from_text: bool) -> float:
+    number = _number(value, "score", i, from_text)
+    if math.isnan(number):
+        raise EvalsError(f"evals row {i + 1}: score is NaN")
+    if not 0.0 <= number <= 1.0:
+        raise EvalsError(f"evals row {i + 1}: score {number!r} is outside [0, 1] (normalise judge scores to [0, 1])")
+    return number
+
+
+def _tokens(value: Any, i: int, from_text: bool) -> int:
+    number = _number(value, "output_tokens", i, from_text)
+    if not (math.isfinite(number) and number == int(number) and number >= 1):
+        raise EvalsError(f"evals row {i + 1}: output_tokens must be an integer >= 1, got {value!r}")
+    return int(number)
+
+
+def _number(value: Any, column: str, i: int, from_text: bool) -> float:
+    if from_text and isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            raise EvalsError(f"evals row {i + 1}: {column} must be a number, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise EvalsError(f"evals row {i + 1}: {column} must be a number, got {value!r}")
+    return float(value)

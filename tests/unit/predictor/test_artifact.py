@@ -1,0 +1,95 @@
+"""The artifact: train → save → load predicts identically; a corrupt, foreign or mismatched directory is refused
+with a message naming the file."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bear.predictor.artifact import FORMAT_VERSION, MANIFEST, ArtifactError, PredictorArtifact
+from bear.predictor.predictor import Predictor, load_predictor
+from tests.predictor_builders import PROMPTS, trained_artifact
+
+
+@pytest.fixture()
+def saved(tmp_path: Path) -> Path:
+    folder = tmp_path / "model"
+    trained_artifact().save(folder)
+    return folder
+
+
+def _rewrite(folder: Path, name: str, text: str, *, fix_checksum: bool) -> None:
+    (folder / name).write_text(text)
+    if fix_checksum:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        manifest["files"][name] = hashlib.sha256(text.encode()).hexdigest()
+        (folder / MANIFEST).write_text(json.dumps(manifest))
+
+
+def test_a_loaded_predictor_predicts_exactly_what_the_trained_one_did(saved: Path) -> None:
+    trained, loaded = Predictor(trained_artifact()), load_predictor(saved)
+    for prompt in PROMPTS:
+        assert loaded.predict(prompt) == trained.predict(prompt)
+    assert loaded.catalog == trained.catalog
+    for model in loaded.catalog.names:
+        assert np.array_equal(loaded.artifact.length_distributions[model].ratios,
+                              trained.artifact.length_distributions[model].ratios)
+        assert loaded.expected_remaining_tokens(model, 300.0, 250, 1000) == \
+            trained.expected_remaining_tokens(model, 300.0, 250, 1000)
+    assert loaded.artifact.training["num_rows"] == trained.artifact.training["num_rows"]
+
+
+def test_saving_never_overwrites_unless_asked(saved: Path) -> None:
+    with pytest.raises(FileExistsError):
+        trained_artifact().save(saved)
+    trained_artifact().save(saved, replace=True)
+    assert PredictorArtifact.load(saved).catalog.names == trained_artifact().catalog.names
+    assert sorted(p.name for p in saved.parent.iterdir()) == ["model"]  # no staging directory left behind
+
+
+def test_a_directory_without_a_manifest(tmp_path: Path) -> None:
+    with pytest.raises(ArtifactError, match="not a predictor artifact"):
+        load_predictor(tmp_path)
+
+
+def test_a_corrupt_file_is_named(saved: Path) -> None:
+    text = (saved / "accuracy.lgbm.txt").read_text()
+    (saved / "accuracy.lgbm.txt").write_text(text.replace("Tree=1", "Tree=7", 1))
+    with pytest.raises(ArtifactError, match=r"accuracy.lgbm.txt: corrupt \(its SHA-256 differs"):
+        load_predictor(saved)
+
+
+def test_a_missing_file_is_named(saved: Path) -> None:
+    (saved / "baselines.json").unlink()
+    with pytest.raises(ArtifactError, match="baselines.json: missing or unreadable"):
+        load_predictor(saved)
+
+
+def test_another_format_version_is_refused(saved: Path) -> None:
+    manifest = json.loads((saved / MANIFEST).read_text())
+    manifest["format_version"] = FORMAT_VERSION + 1
+    (saved / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match=f"format_version {FORMAT_VERSION + 1}, this version of BEAR reads "
+                                            f"{FORMAT_VERSION}"):
+        load_predictor(saved)
+
+
+def test_models_trained_on_other_features_are_refused(saved: Path) -> None:
+    spec = json.loads((saved / "features.json").read_text())
+    spec["instruction_window_chars"] = 500
+    _rewrite(saved, "features.json", json.dumps(spec), fix_checksum=True)
+    with pytest.raises(ArtifactError, match=r"other features .*differing: instruction_window_chars"):
+        load_predictor(saved)
+
+
+def test_a_consistent_but_unusable_model_is_refused(saved: Path) -> None:
+    _rewrite(saved, "log_output_tokens.lgbm.txt", "tree\nnot a model\n", fix_checksum=True)
+    with pytest.raises(ArtifactError, match="LightGBM cannot use the stored models"):
+        load_predictor(saved)
+    _rewrite(saved, "length_distributions.json", json.dumps({"Qwen3-0.6B": {"ratios": [1.0]}}), fix_checksum=True)
+    with pytest.raises(ArtifactError, match="length_distributions.json: model 'Qwen3-0.6B'"):
+        load_predictor(saved)

@@ -1,0 +1,85 @@
+"""The evaluation table in its three formats, and a clear error naming the column and row for every bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bear.predictor.evals import EvalsError, read_eval_table, table_from_columns, write_eval_table
+from tests.predictor_builders import make_table
+
+TRICKY = ('He said "hi",\nthen left.', "naïve, 50 words", "plain")
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".csv", ".jsonl"])
+def test_a_table_survives_writing_and_reading(tmp_path: Path, suffix: str) -> None:
+    table = make_table(TRICKY, ["a", "b", "a"], [0.0, 0.55, 1.0], [1, 250, 4096], ["t1", "t2", "t1"])
+    path = tmp_path / f"evals{suffix}"
+    write_eval_table(table, path, {"source": ["synthetic"] * 3})
+    back = read_eval_table(path)
+    assert back.prompts == TRICKY and back.models == ("a", "b", "a") and back.tasks == ("t1", "t2", "t1")
+    assert np.array_equal(back.scores, table.scores) and np.array_equal(back.output_tokens, table.output_tokens)
+
+
+def test_task_is_optional() -> None:
+    table = table_from_columns({"prompt": ["p"], "model": ["m"], "score": [0.5], "output_tokens": [3.0]})
+    assert table.tasks is None and table.output_tokens.tolist() == [3]
+
+
+@pytest.mark.parametrize(("column", "value", "message"), [
+    ("score", float("nan"), "evals row 2: score is NaN"),
+    ("score", 7, r"evals row 2: score 7.0 is outside \[0, 1\]"),
+    ("score", None, "evals row 2: score must be a number, got None"),
+    ("score", "0.5", "evals row 2: score must be a number"),
+    ("output_tokens", 12.5, "evals row 2: output_tokens must be an integer >= 1, got 12.5"),
+    ("output_tokens", 0, "evals row 2: output_tokens must be an integer >= 1"),
+    ("prompt", "  ", "evals row 2: prompt must be a non-empty string"),
+    ("model", 3, "evals row 2: model must be a non-empty string, got 3"),
+    ("task", None, "evals row 2: task must be a non-empty string"),
+])
+def test_bad_values_name_the_row_and_column(column: str, value: object, message: str) -> None:
+    columns: dict[str, list[object]] = {"prompt": ["p", "q"], "model": ["m", "m"], "score": [0.5, 0.5],
+                                        "output_tokens": [10, 10], "task": ["t", "t"]}
+    columns[column][1] = value
+    with pytest.raises(EvalsError, match=message):
+        table_from_columns(columns)
+
+
+@pytest.mark.parametrize("missing", ["prompt", "model", "score", "output_tokens"])
+def test_a_missing_column_is_named(missing: str) -> None:
+    columns = {"prompt": ["p"], "model": ["m"], "score": [0.5], "output_tokens": [10]}
+    del columns[missing]
+    with pytest.raises(EvalsError, match=f"evals: missing column '{missing}'"):
+        table_from_columns(columns)
+
+
+def test_csv_values_are_parsed_and_checked(tmp_path: Path) -> None:
+    path = tmp_path / "evals.csv"
+    path.write_text("prompt,model,score,output_tokens\nhello,m,0.25,12\nworld,m,nan,12\n")
+    with pytest.raises(EvalsError, match="evals row 2: score is NaN"):
+        read_eval_table(path)
+    path.write_text("prompt,model,output_tokens\nhello,m,12\n")
+    with pytest.raises(EvalsError, match="missing column 'score'"):
+        read_eval_table(path)
+    path.write_text("prompt,model,score,output_tokens\n")
+    with pytest.raises(EvalsError, match="no rows"):
+        read_eval_table(path)
+
+
+def test_unreadable_files(tmp_path: Path) -> None:
+    with pytest.raises(EvalsError, match="unknown format"):
+        read_eval_table(tmp_path / "evals.xlsx")
+    with pytest.raises(EvalsError, match="cannot read"):
+        read_eval_table(tmp_path / "absent.csv")
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(EvalsError, match="not a readable Parquet file"):
+        read_eval_table(tmp_path / "bad.parquet")
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"prompt": "p"}) + "\n[1, 2]\n")
+    with pytest.raises(EvalsError, match="evals row 2: expected a JSON object"):
+        read_eval_table(tmp_path / "bad.jsonl")
+    (tmp_path / "bad.jsonl").write_text("{oops\n")
+    with pytest.raises(EvalsError, match="evals row 1: not valid JSON"):
+        read_eval_table(tmp_path / "bad.jsonl")
