@@ -67,10 +67,13 @@ class BatchFeatures:
     @staticmethod
     def of_batch(entries: Iterable[tuple[int, int, int]]) -> BatchFeatures:
         """Features of a batch from (prefill tokens, decode tokens, context tokens) per scheduled request."""
-        total = BatchFeatures()
-        for prefill, decode, context in entries:
-            total = total + BatchFeatures.of_request(prefill, decode, context)
-        return total
+        prefill_tokens = decode_tokens = decode_context = prefill_attention = 0
+        for p, d, c in entries:
+            prefill_tokens += p
+            decode_tokens += d
+            decode_context += c * d
+            prefill_attention += p * c + p * (p + 1) // 2
+        return BatchFeatures(prefill_tokens, decode_tokens, decode_context, prefill_attention)
 
     def __add__(self, other: BatchFeatures) -> BatchFeatures:
         return BatchFeatures(

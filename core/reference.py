@@ -49,8 +49,14 @@ class SchedulerRequest:
 @dataclass(slots=True)
 class Step:
     scheduled: list[tuple[SchedulerRequest, int]] = field(default_factory=list)
+    # (prefill tokens, decode tokens, context tokens) per scheduled request, in order: the step's composition.
+    entries: list[tuple[int, int, int]] = field(default_factory=list)
     sampled: list[SchedulerRequest] = field(default_factory=list)
-    features: BatchFeatures = field(default_factory=BatchFeatures)
+
+    @property
+    def features(self) -> BatchFeatures:
+        """Eq. 12 features of the step (exact integer sums over its entries)."""
+        return BatchFeatures.of_batch(self.entries)
     preempted: bool = False
     doomed: SchedulerRequest | None = None  # preempted itself with nothing else running: it can never complete
     outputs_applied: int = 0  # sampled tokens processed in this step (async: the previous step's)
@@ -174,9 +180,8 @@ class ReferenceScheduler:
 
     def _add(self, step: Step, request: SchedulerRequest, tokens: int) -> None:
         decode = is_decode(tokens)
-        step.features = step.features + BatchFeatures.of_request(
-            0 if decode else tokens, 1 if decode else 0, request.computed
-        )
+        entry = (0, 1, request.computed) if decode else (tokens, 0, request.computed)
+        step.entries.append(entry)
         step.scheduled.append((request, tokens))
         placeholders_before = request.placeholders
         request.computed += tokens

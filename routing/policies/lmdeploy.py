@@ -35,7 +35,8 @@ class LmdeployProxy:
             speed = c.signals.request_throughput_rps
             speed = speed if speed is not None and speed > 0 else slowest
             expected = math.inf if unfinished is None else unfinished / speed
-            scores.append(Score(c.instance_id, c.utility(request.lambda_per_micro_usd), -expected))
+            scores.append(Score(c.instance_id, c.utility(request.lambda_per_micro_usd), -expected,
+                                latency_s=None if math.isinf(expected) else expected))
         chosen = max(scores, key=lambda s: (s.score, s.utility))
         return Choice(chosen.instance_id, Decision.ROUTE, "least unfinished requests per measured request/s",
                       tuple(scores))

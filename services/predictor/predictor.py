@@ -26,6 +26,7 @@ from bear.predictor.dataset import check_models, featurise_prompts, prompt_token
 from bear.predictor.evals import EvalTable
 from bear.predictor.evaluation import report
 from bear.predictor.features import FEATURE_NAMES, EmptyPromptError, model_features, prompt_features, rows_for_prompt
+from bear.predictor.length_distribution import UNBOUNDED
 from bear.predictor.progress import Progress, no_progress
 from bear.predictor.tokenizers import get_tokenizer
 
@@ -85,6 +86,13 @@ class Predictor:
         generated g tokens: >= 1, <= max_tokens − g (bear.predictor.length_distribution)."""
         distribution = self.artifact.length_distributions[self.catalog.spec(model).name]
         return float(distribution.expected_remaining(predicted_output_tokens, generated_tokens, max_tokens))
+
+    def expected_remaining_tokens_many(self, model: str, predicted_output_tokens: np.ndarray,
+                                       generated_tokens: np.ndarray, max_tokens: np.ndarray | None = None) -> np.ndarray:
+        """`expected_remaining_tokens` for many requests of one model at once (max_tokens 0: none)."""
+        distribution = self.artifact.length_distributions[self.catalog.spec(model).name]
+        caps = None if max_tokens is None else np.where(np.asarray(max_tokens) > 0, max_tokens, UNBOUNDED)
+        return distribution.expected_remaining(predicted_output_tokens, generated_tokens, caps)
 
     def predict_table(self, table: EvalTable, progress: Progress = no_progress) -> tuple[np.ndarray, np.ndarray]:
         """(accuracy, output_tokens) predicted for every row of `table` (the batch path; same numbers as `predict`)."""

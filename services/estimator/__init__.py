@@ -1,0 +1,1 @@
+"""The estimator: TTFT estimates of a query on every instance, from the instances' latest snapshots."""

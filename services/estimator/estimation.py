@@ -1,0 +1,226 @@
+"""TTFT estimates of one query on many instances, from their latest snapshots (the estimator's domain).
+
+For each instance the estimator keeps its latest snapshot — the engine's state just before it scheduled a step, taken
+at `taken_at_s` — prepared once for the compiled replay, its calibration (eq. 12 coefficients, prefill throughput,
+LPS parameters) and the requests routers dispatched to it. A query arriving at `now_s` is estimated by replaying the
+snapshot on the engine's clock: the snapshot's age becomes the query's arrival time in the replay (so steps scheduled
+before it arrived run without it), the step still executing when the snapshot was taken (async scheduling) delays
+the first replayed step, and requests dispatched since the snapshot join the queue at their own dispatch times,
+ahead of the query. Residents' remaining output lengths come from their predicted length at dispatch, conditioned on
+what they have generated (`RemainingTokens`). A missing or too old snapshot falls back to the LPS closed form.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bear.core.batch_time import BatchFeatures, BatchTimeCoefficients
+from bear.core.lps import LpsParameters, lps_ttft_s
+from bear.core.prefill_throughput import prefill_throughput_ttft_s
+from bear.core.replay import PreparedState, Target, estimate_many, prepare
+from bear.core.result import ReplayStatus
+from bear.core.state import Arrival, Query, ResidentRequest
+from bear.core.wire import state_from_snapshot
+from bear.v1 import snapshot_pb2
+
+# E[remaining output tokens] of residents of one model: (model, predicted output tokens at dispatch, tokens generated,
+# max_tokens with 0 for none), arrays of equal length -> array (e.g. Predictor.expected_remaining_tokens_many).
+RemainingTokens = Callable[[str, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+
+
+class Method(enum.StrEnum):
+    REPLAY = "replay"  # the BEA replay of the instance's snapshot
+    LPS = "lps"  # closed form (eq. 13-15): no usable snapshot
+    NONE = "none"  # nothing to estimate from
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """A query a router sent to an instance."""
+
+    request_id: str
+    instance_id: str
+    model: str
+    dispatched_at_s: float
+    num_prompt_tokens: int
+    predicted_output_tokens: float
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """What the estimator knows of an instance's speed."""
+
+    coefficients: BatchTimeCoefficients
+    prefill_tokens_per_s: float | None = None  # eq. 8's θ
+    lps: LpsParameters | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TtftEstimate:
+    instance_id: str
+    ttft_s: float | None  # None: unknown; math.inf: the query can never be served there
+    method: Method
+    snapshot_age_s: float | None = None
+    num_batches: int = 0
+    lower_bound: bool = False  # the replay stopped at its horizon: the TTFT is at least this
+    reason: str = ""
+    prefill_tps_ttft_s: float | None = None  # eq. 8 on the same snapshot, for the prefill-throughput ablation
+
+
+@dataclass(slots=True)
+class _Instance:
+    model: str
+    snapshot: snapshot_pb2.InstanceSnapshot | None = None
+    prepared: PreparedState | None = None
+    calibration: Calibration | None = None
+    dispatches: dict[str, Dispatch] = field(default_factory=dict)  # by request id
+
+
+class Estimator:
+    def __init__(self, remaining: RemainingTokens, mean_output_tokens: Mapping[str, float], *,
+                 max_snapshot_age_s: float = 2.0, dispatch_ttl_s: float = 600.0,
+                 request_key: Callable[[str], str] = lambda engine_id: engine_id) -> None:
+        self._remaining = remaining
+        self._mean_output_tokens = dict(mean_output_tokens)  # a resident's length when its dispatch is unknown
+        self._max_age_s = max_snapshot_age_s
+        self._dispatch_ttl_s = dispatch_ttl_s
+        self._request_key = request_key  # the router's request id of an engine's request id
+        self._instances: dict[str, _Instance] = {}
+
+    def add_instance(self, instance_id: str, model: str) -> None:
+        self._instances.setdefault(instance_id, _Instance(model))
+
+    def set_calibration(self, instance_id: str, calibration: Calibration) -> None:
+        self._instance(instance_id).calibration = calibration
+
+    def record_dispatch(self, dispatch: Dispatch) -> None:
+        instance = self._instance(dispatch.instance_id)
+        instance.dispatches[dispatch.request_id] = dispatch
+
+    def update_snapshot(self, snapshot: snapshot_pb2.InstanceSnapshot, now_s: float) -> None:
+        """Adopts a newer snapshot (an older one is ignored; the same state found current later refreshes its age)
+        and prepares it for replays."""
+        instance = self._instance(snapshot.instance_id)
+        current = instance.snapshot
+        if current is not None and snapshot.taken_at_s <= current.taken_at_s:
+            if snapshot.taken_at_s == current.taken_at_s and snapshot.read_at_s > current.read_at_s:
+                current.read_at_s = snapshot.read_at_s
+            return
+        cutoff = now_s - self._dispatch_ttl_s
+        instance.dispatches = {k: d for k, d in instance.dispatches.items() if d.dispatched_at_s >= cutoff}
+        instance.snapshot = snapshot
+        remaining = self._residents_remaining(instance, (*snapshot.running, *snapshot.waiting))
+        instance.prepared = prepare(state_from_snapshot(snapshot, lambda r: remaining[r.request_id]))
+
+    def snapshot(self, instance_id: str) -> snapshot_pb2.InstanceSnapshot | None:
+        return self._instance(instance_id).snapshot
+
+    def pending_decode_tokens(self, instance_id: str) -> float | None:
+        """Predicted output tokens still to come over the instance's residents (from its latest snapshot)."""
+        prepared = self._instance(instance_id).prepared
+        if prepared is None:
+            return None
+        return float(sum(r.remaining_output_tokens for r in (*prepared.state.running, *prepared.state.waiting)))
+
+    def estimate(self, query: Query, instance_ids: Iterable[str], now_s: float,
+                 horizon_s: float = math.inf) -> list[TtftEstimate]:
+        """One estimate per instance for `query` arriving at `now_s` (replays in one call into the compiled core)."""
+        ids = list(instance_ids)
+        replayable, targets, ages = [], [], []
+        estimates: dict[str, TtftEstimate] = {}
+        for instance_id in ids:
+            instance = self._instance(instance_id)
+            snapshot, age = instance.snapshot, None
+            if snapshot is not None:
+                # An idle engine writes nothing new: its state is as old as the last time it was found current.
+                age = now_s - max(snapshot.taken_at_s, snapshot.read_at_s)
+            if snapshot is None or instance.calibration is None or age is None or age > self._max_age_s:
+                estimates[instance_id] = self._fallback(instance_id, instance, query, age)
+                continue
+            replayable.append(instance_id)
+            ages.append(age)
+            targets.append(self._target(instance, snapshot, query, now_s - snapshot.taken_at_s))
+        for instance_id, age, target, result in zip(replayable, ages, targets,
+                                                    estimate_many(query, targets, horizon_s=horizon_s), strict=True):
+            estimates[instance_id] = self._from_replay(instance_id, self._instance(instance_id), target, query, age,
+                                                       result)
+        return [estimates[i] for i in ids]
+
+    def _target(self, instance: _Instance, snapshot: snapshot_pb2.InstanceSnapshot, query: Query,
+                since_taken_s: float) -> Target:
+        assert instance.prepared is not None and instance.calibration is not None
+        known = instance.prepared.id_set
+        arrivals = tuple(
+            Arrival(d.dispatched_at_s - snapshot.taken_at_s,
+                    ResidentRequest(d.request_id, d.num_prompt_tokens, 0, 0, max(1, round(d.predicted_output_tokens))))
+            for d in sorted(instance.dispatches.values(), key=lambda d: d.dispatched_at_s)
+            if d.dispatched_at_s > snapshot.taken_at_s and d.request_id not in known and d.request_id != query.id
+        )
+        return Target(instance.prepared, instance.calibration.coefficients, query_time_s=since_taken_s,
+                      in_flight_s=in_flight_s(snapshot, instance.calibration.coefficients), arrivals=arrivals)
+
+    def _from_replay(self, instance_id: str, instance: _Instance, target: Target, query: Query, age: float,
+                     result) -> TtftEstimate:  # noqa: ANN001 - bear.core.result.ReplayResult
+        prefill_tps = None
+        calibration = instance.calibration
+        if calibration is not None and calibration.prefill_tokens_per_s:
+            prefill_tps = prefill_throughput_ttft_s(target.prepared.state, query, calibration.prefill_tokens_per_s)
+        if result.status is ReplayStatus.FIRST_TOKEN:
+            ttft, lower = result.ttft_s, False
+        elif result.status is ReplayStatus.EXCEEDS_HORIZON:
+            ttft, lower = result.elapsed_s, True
+        else:
+            ttft, lower = math.inf, False
+        return TtftEstimate(instance_id, ttft, Method.REPLAY, age, result.num_batches, lower, result.reason,
+                            prefill_tps)
+
+    def _fallback(self, instance_id: str, instance: _Instance, query: Query, age: float | None) -> TtftEstimate:
+        why = "no snapshot" if age is None else f"snapshot {age:.3f} s old" if age > self._max_age_s else "not calibrated"
+        calibration = instance.calibration
+        if calibration is not None and calibration.lps is not None:
+            return TtftEstimate(instance_id, lps_ttft_s(calibration.lps, query.num_prompt_tokens), Method.LPS, age,
+                                reason=f"{why}: LPS closed form")
+        return TtftEstimate(instance_id, None, Method.NONE, age, reason=f"{why}, no LPS parameters")
+
+    def _residents_remaining(self, instance: _Instance,
+                             residents: tuple[snapshot_pb2.RequestState, ...]) -> dict[str, int]:
+        """Each resident's expected output tokens still to come, the token in flight included (at least 1)."""
+        by_model: dict[str, list[tuple[snapshot_pb2.RequestState, float]]] = {}
+        for request in residents:
+            dispatch = instance.dispatches.get(self._request_key(request.request_id))
+            model = dispatch.model if dispatch is not None else instance.model
+            predicted = (dispatch.predicted_output_tokens if dispatch is not None
+                         else self._mean_output_tokens.get(model, 256.0))
+            by_model.setdefault(model, []).append((request, predicted))
+        remaining: dict[str, int] = {}
+        for model, group in by_model.items():
+            in_flight = np.array([r.num_output_placeholders for r, _ in group], dtype=np.float64)
+            generated = np.array([r.num_output_tokens for r, _ in group], dtype=np.float64) + in_flight
+            expected = self._remaining(model, np.array([p for _, p in group], dtype=np.float64), generated,
+                                       np.array([r.max_tokens for r, _ in group], dtype=np.float64))
+            for (request, _), value, flight in zip(group, expected, in_flight, strict=True):
+                remaining[request.request_id] = max(1, round(float(value) + flight))
+        return remaining
+
+    def _instance(self, instance_id: str) -> _Instance:
+        try:
+            return self._instances[instance_id]
+        except KeyError:
+            raise KeyError(f"unknown instance {instance_id!r}") from None
+
+
+def in_flight_s(snapshot: snapshot_pb2.InstanceSnapshot, coefficients: BatchTimeCoefficients) -> float:
+    """How long the step executing when the snapshot was taken (async scheduling: already counted in the state) still
+    runs after `taken_at_s`, by eq. 12 on its composition. 0 when none was executing."""
+    step = snapshot.step_in_progress
+    if not step.entries or step.step_index >= snapshot.next_step_index or step.execution_started_at_s <= 0:
+        return 0.0
+    features = BatchFeatures.of_batch([(e.num_prefill_tokens, e.num_decode_tokens, e.num_context_tokens)
+                                       for e in step.entries])
+    elapsed = snapshot.taken_at_s - step.execution_started_at_s
+    return max(0.0, coefficients.time_s(features) - elapsed)
