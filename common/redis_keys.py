@@ -1,0 +1,26 @@
+"""What BEAR keeps in Redis, by name. Values are serialised bear.v1 messages (protobuf binary); everything can be lost
+and is rebuilt within one snapshot interval.
+
+    bear:instances                 sorted set: instance id → time of its last refresh (Unix seconds)
+    bear:instance:<id>             InstanceRegistration, with a TTL refreshed while the instance lives
+    bear:snapshot:<id>             InstanceSnapshot, the latest one, with the same TTL
+    bear:coefficients:<id>         BatchTimeCoefficients, the latest fit, with the same TTL
+    channel bear:snapshots         every published InstanceSnapshot (it carries the instance id and the coefficients)
+"""
+
+from __future__ import annotations
+
+INSTANCES = "bear:instances"
+SNAPSHOTS_CHANNEL = "bear:snapshots"
+
+
+def instance_key(instance_id: str) -> str:
+    return f"bear:instance:{instance_id}"
+
+
+def snapshot_key(instance_id: str) -> str:
+    return f"bear:snapshot:{instance_id}"
+
+
+def coefficients_key(instance_id: str) -> str:
+    return f"bear:coefficients:{instance_id}"

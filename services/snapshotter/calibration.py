@@ -1,0 +1,87 @@
+"""Online calibration of one instance's batch-time model (eq. 12) from the steps its engine executes.
+
+A rolling window keeps the latest executed steps (features and measured duration). A fit is non-negative least
+squares on relative error (`bear.core.batch_time.fit`), made robust by trimming: after a first fit, steps whose relative
+error is far outside the typical one (beyond OUTLIER_MADS robust standard deviations, and beyond MIN_OUTLIER_ERROR) are
+left out and the fit is repeated, at most MAX_TRIM_ROUNDS times. Stalls of the host (a garbage collection, a page
+fault storm, a noisy neighbour) make a few steps several times longer than the model can explain; they would otherwise
+pull every coefficient up. The fit is published with its MAPE on the steps kept, their number, and the number trimmed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+
+import numpy as np
+
+from bear.core.batch_time import BatchFeatures, CalibrationFit, fit
+from bear.core.wire import coefficients_to_proto, samples_from_records
+from bear.v1 import calibration_pb2
+
+OUTLIER_MADS = 4.0
+MIN_OUTLIER_ERROR = 0.5  # a step is never trimmed for a relative error below 50 %
+MAX_TRIM_ROUNDS = 3
+_MAD_TO_SIGMA = 1.4826
+
+
+class OnlineCalibrator:
+    """Not thread-safe: fed and refitted by the sidecar's poll loop."""
+
+    def __init__(self, window: int, min_samples: int, refit_interval_s: float):
+        self._samples: deque[tuple[BatchFeatures, float]] = deque(maxlen=window)
+        self._min_samples = min_samples
+        self._refit_interval_s = refit_interval_s
+        self._num_new = 0
+        self._last_fit_at_s = -math.inf
+        self.latest: calibration_pb2.BatchTimeCoefficients | None = None
+        self.num_steps_seen = 0
+
+    def add(self, records: Iterable[calibration_pb2.BatchRecord]) -> None:
+        """Executed steps (duration > 0) join the window; the rest are ignored."""
+        samples = samples_from_records(records)
+        self._samples.extend(samples)
+        self._num_new += len(samples)
+        self.num_steps_seen += len(samples)
+
+    def refit_if_due(self, now_s: float) -> calibration_pb2.BatchTimeCoefficients | None:
+        """Fits again if enough steps are in the window, some are new, and the last fit is old enough. Returns the
+        new coefficients, or None if no fit was due (or possible)."""
+        if (len(self._samples) < self._min_samples or self._num_new == 0
+                or now_s - self._last_fit_at_s < self._refit_interval_s):
+            return None
+        self._last_fit_at_s, self._num_new = now_s, 0
+        try:
+            result, num_outliers = robust_fit(list(self._samples))
+        except ValueError:  # no usable step (e.g. only empty batches)
+            return None
+        message = coefficients_to_proto(result, fitted_at_s=now_s)
+        message.num_outliers = num_outliers
+        self.latest = message
+        return message
+
+
+def robust_fit(samples: list[tuple[BatchFeatures, float]]) -> tuple[CalibrationFit, int]:
+    """Eq. 12 fitted with outliers trimmed; returns the fit on the kept samples and how many were trimmed."""
+    kept = [(f, t) for f, t in samples if math.isfinite(t) and t > 0 and f.num_tokens > 0]
+    result = fit(kept)
+    for _ in range(MAX_TRIM_ROUNDS):
+        errors = relative_errors(result, kept)
+        center = float(np.median(errors))
+        spread = _MAD_TO_SIGMA * float(np.median(np.abs(errors - center)))
+        limit = max(OUTLIER_MADS * spread, MIN_OUTLIER_ERROR)
+        inliers = np.abs(errors - center) <= limit
+        if inliers.all() or inliers.sum() < 4:
+            break
+        kept = [sample for sample, keep in zip(kept, inliers) if keep]
+        result = fit(kept)
+    return result, len(samples) - len(kept)
+
+
+def relative_errors(result: CalibrationFit, samples: list[tuple[BatchFeatures, float]]) -> np.ndarray:
+    """(predicted − measured) / measured, per sample."""
+    coefficients = result.coefficients
+    predicted = np.array([coefficients.time_s(f) for f, _ in samples])
+    measured = np.array([t for _, t in samples])
+    return (predicted - measured) / measured

@@ -1,0 +1,130 @@
+"""Settings of the snapshotter, read once at start-up: the only place here that reads the environment.
+
+Two processes read them: vLLM's EngineCore (the plugin: `PluginConfig`) and the sidecar (`SnapshotterConfig`). Both
+name the region with BEAR_SNAPSHOT_REGION. This module imports only the standard library and `bear.common`'s
+configuration (itself standard library only), so that the plugin stays light.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from bear.common.redis_config import RedisConfig
+
+DEFAULT_REGION = "bear-snapshot"
+
+
+@dataclass(frozen=True, slots=True)
+class PluginConfig:
+    """The scheduler plugin's settings (environment of `vllm serve`)."""
+
+    region: str = DEFAULT_REGION  # BEAR_SNAPSHOT_REGION: a file in /dev/shm, or a path (data-parallel rank r > 0: -dp<r>)
+    max_waiting_rows: int = 1024  # BEAR_SNAPSHOT_MAX_WAITING: rows for waiting requests (running ones: max_num_seqs)
+    ring_steps: int = 128  # BEAR_SNAPSHOT_RING_STEPS: step records kept for calibration and the steps in flight
+    max_id_bytes: int = 128  # BEAR_SNAPSHOT_MAX_ID_BYTES: longer request ids are cut (and flagged)
+
+    def __post_init__(self) -> None:
+        _require(bool(self.region), "BEAR_SNAPSHOT_REGION must not be empty")
+        _require(self.max_waiting_rows >= 0, "BEAR_SNAPSHOT_MAX_WAITING must be >= 0")
+        _require(self.ring_steps >= 4, "BEAR_SNAPSHOT_RING_STEPS must be >= 4")
+        _require(self.max_id_bytes >= 8, "BEAR_SNAPSHOT_MAX_ID_BYTES must be >= 8")
+
+    @staticmethod
+    def from_environ(environ: Mapping[str, str] = os.environ) -> PluginConfig:
+        defaults = PluginConfig()
+        return PluginConfig(
+            region=environ.get("BEAR_SNAPSHOT_REGION") or defaults.region,
+            max_waiting_rows=_int(environ, "BEAR_SNAPSHOT_MAX_WAITING", defaults.max_waiting_rows),
+            ring_steps=_int(environ, "BEAR_SNAPSHOT_RING_STEPS", defaults.ring_steps),
+            max_id_bytes=_int(environ, "BEAR_SNAPSHOT_MAX_ID_BYTES", defaults.max_id_bytes),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotterConfig:
+    """The sidecar's settings (environment of `bear snapshotter`, overridable by its flags)."""
+
+    region: str = DEFAULT_REGION  # BEAR_SNAPSHOT_REGION
+    instance_id: str = ""  # BEAR_INSTANCE_ID (default: the host name, i.e. the pod name)
+    pool: str = "default"  # BEAR_POOL
+    model: str = ""  # BEAR_MODEL (default: the engine's served model name)
+    endpoint: str = ""  # BEAR_INSTANCE_ENDPOINT: where the vLLM server answers, e.g. http://10.0.0.7:8000
+    input_usd_per_million_tokens: float = 0.0  # BEAR_INPUT_USD_PER_MTOK
+    output_usd_per_million_tokens: float = 0.0  # BEAR_OUTPUT_USD_PER_MTOK
+    poll_interval_s: float = 0.005  # BEAR_SNAPSHOTTER_POLL_INTERVAL_MS
+    grpc_host: str = "[::]"  # BEAR_SNAPSHOTTER_GRPC_HOST
+    grpc_port: int = 50071  # BEAR_SNAPSHOTTER_GRPC_PORT (0: any free port)
+    advertised_endpoint: str = ""  # BEAR_SNAPSHOTTER_ENDPOINT: this sidecar's gRPC address, as others reach it
+    snapshot_ttl_s: float = 10.0  # BEAR_SNAPSHOT_TTL_S: Redis keys of an instance vanish this long after it stops
+    engine_timeout_s: float = 5.0  # BEAR_SNAPSHOTTER_ENGINE_TIMEOUT_S: an engine without heartbeat this long is gone
+    calibration_window: int = 2000  # BEAR_CALIBRATION_WINDOW: latest executed steps the eq. 12 fit uses
+    calibration_min_samples: int = 50  # BEAR_CALIBRATION_MIN_SAMPLES: steps needed before the first fit
+    calibration_refit_s: float = 2.0  # BEAR_CALIBRATION_REFIT_S: at most one fit per this many seconds
+    redis: RedisConfig = field(default_factory=RedisConfig)
+
+    def __post_init__(self) -> None:
+        _require(bool(self.region), "BEAR_SNAPSHOT_REGION must not be empty")
+        _require(bool(self.instance_id), "BEAR_INSTANCE_ID must not be empty")
+        _require(self.poll_interval_s > 0, "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS must be > 0")
+        _require(0 <= self.grpc_port < 65536, "BEAR_SNAPSHOTTER_GRPC_PORT must be a port number")
+        _require(self.snapshot_ttl_s >= 1, "BEAR_SNAPSHOT_TTL_S must be >= 1")
+        _require(self.engine_timeout_s >= 2,
+                 "BEAR_SNAPSHOTTER_ENGINE_TIMEOUT_S must be >= 2 (the engine beats every second)")
+        _require(self.calibration_window >= 8, "BEAR_CALIBRATION_WINDOW must be >= 8")
+        _require(4 <= self.calibration_min_samples <= self.calibration_window,
+                 "BEAR_CALIBRATION_MIN_SAMPLES must be in [4, BEAR_CALIBRATION_WINDOW]")
+        _require(self.calibration_refit_s >= 0, "BEAR_CALIBRATION_REFIT_S must be >= 0")
+        _require(min(self.input_usd_per_million_tokens, self.output_usd_per_million_tokens) >= 0,
+                 "prices must be >= 0")
+
+    @property
+    def heartbeat_s(self) -> float:
+        """How often unchanged snapshots and the registration are republished, refreshing their TTL."""
+        return self.snapshot_ttl_s / 3
+
+    @staticmethod
+    def from_environ(environ: Mapping[str, str] = os.environ) -> SnapshotterConfig:
+        defaults = SnapshotterConfig(instance_id="-")
+        return SnapshotterConfig(
+            region=environ.get("BEAR_SNAPSHOT_REGION") or defaults.region,
+            instance_id=environ.get("BEAR_INSTANCE_ID") or socket.gethostname(),
+            pool=environ.get("BEAR_POOL") or defaults.pool,
+            model=environ.get("BEAR_MODEL", ""),
+            endpoint=environ.get("BEAR_INSTANCE_ENDPOINT", ""),
+            input_usd_per_million_tokens=_float(environ, "BEAR_INPUT_USD_PER_MTOK", 0.0),
+            output_usd_per_million_tokens=_float(environ, "BEAR_OUTPUT_USD_PER_MTOK", 0.0),
+            poll_interval_s=_float(environ, "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS", defaults.poll_interval_s * 1e3) / 1e3,
+            grpc_host=environ.get("BEAR_SNAPSHOTTER_GRPC_HOST") or defaults.grpc_host,
+            grpc_port=_int(environ, "BEAR_SNAPSHOTTER_GRPC_PORT", defaults.grpc_port),
+            advertised_endpoint=environ.get("BEAR_SNAPSHOTTER_ENDPOINT", ""),
+            snapshot_ttl_s=_float(environ, "BEAR_SNAPSHOT_TTL_S", defaults.snapshot_ttl_s),
+            engine_timeout_s=_float(environ, "BEAR_SNAPSHOTTER_ENGINE_TIMEOUT_S", defaults.engine_timeout_s),
+            calibration_window=_int(environ, "BEAR_CALIBRATION_WINDOW", defaults.calibration_window),
+            calibration_min_samples=_int(environ, "BEAR_CALIBRATION_MIN_SAMPLES", defaults.calibration_min_samples),
+            calibration_refit_s=_float(environ, "BEAR_CALIBRATION_REFIT_S", defaults.calibration_refit_s),
+            redis=RedisConfig.from_environ(environ),
+        )
+
+
+def _int(environ: Mapping[str, str], name: str, default: int) -> int:
+    text = environ.get(name, "").strip()
+    try:
+        return int(text) if text else default
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {text!r}") from None
+
+
+def _float(environ: Mapping[str, str], name: str, default: float) -> float:
+    text = environ.get(name, "").strip()
+    try:
+        return float(text) if text else default
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {text!r}") from None
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)

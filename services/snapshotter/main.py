@@ -1,0 +1,54 @@
+"""Wiring of the sidecar: configuration → region reader, calibration, Redis publisher, gRPC server → poll loop."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+
+from grpc_health.v1 import health
+
+from bear.common.redis_config import connect
+from bear.snapshotter.calibration import OnlineCalibrator
+from bear.snapshotter.config import SnapshotterConfig
+from bear.snapshotter.publisher import RedisPublisher
+from bear.snapshotter.reader import RegionReader
+from bear.snapshotter.region import region_path
+from bear.snapshotter.server import make_server, set_availability
+from bear.snapshotter.sidecar import Snapshotter
+
+logger = logging.getLogger("bear.snapshotter")
+
+
+def run(config: SnapshotterConfig, stop: threading.Event | None = None,
+        on_ready: Callable[[int], None] | None = None) -> None:
+    """Serves until `stop` is set (or SIGTERM / SIGINT when called from the main thread). `on_ready` gets the bound
+    gRPC port once the server listens."""
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+    reader = RegionReader(region_path(config.region))
+    client = connect(config.redis)
+    publisher = RedisPublisher(client, config.instance_id, config.snapshot_ttl_s, config.heartbeat_s)
+    calibrator = OnlineCalibrator(config.calibration_window, config.calibration_min_samples,
+                                  config.calibration_refit_s)
+    health_servicer = health.HealthServicer()
+    snapshotter = Snapshotter(config, reader, publisher, calibrator,
+                              on_availability=lambda available: set_availability(health_servicer, available))
+    server, port = make_server(snapshotter, health_servicer, config.grpc_host, config.grpc_port)
+    set_availability(health_servicer, False)
+    server.start()
+    publisher.start()
+    logger.info("snapshotter of instance %s: region %s, Redis %s, gRPC on port %d", config.instance_id, reader.path,
+                config.redis.describe(), port)
+    if on_ready is not None:
+        on_ready(port)
+    try:
+        snapshotter.run(stop)
+    finally:
+        server.stop(grace=1.0).wait()
+        publisher.stop()
+        reader.close()
+        client.close()

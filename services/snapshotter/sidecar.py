@@ -1,0 +1,163 @@
+"""The sidecar's loop: read the region, keep the latest snapshot, calibrate, hand over to the publisher.
+
+Every `poll_interval_s` the region is read (`RegionReader`); a new state becomes the latest `InstanceSnapshot`
+(served over gRPC and offered to Redis), executed steps feed the online calibration, and a new fit is offered too. An
+unchanged region is re-offered every heartbeat with a fresh `read_at_s`, which keeps its Redis key alive. A missing
+region (the engine shut down) or one whose heartbeat is older than `engine_timeout_s` (the engine was killed) clears
+the latest snapshot, so that its keys expire. Nothing here waits on Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from bear.snapshotter.calibration import OnlineCalibrator
+from bear.snapshotter.config import SnapshotterConfig
+from bear.snapshotter.reader import RegionReader, RegionSnapshot
+from bear.snapshotter.region import RegionError
+from bear.snapshotter.wire import engine_to_proto, snapshot_to_proto, step_to_proto
+from bear.v1 import calibration_pb2, snapshot_pb2
+
+logger = logging.getLogger("bear.snapshotter")
+
+
+class Publisher(Protocol):
+    def offer_snapshot(self, snapshot: snapshot_pb2.InstanceSnapshot) -> None: ...
+    def offer_coefficients(self, coefficients: calibration_pb2.BatchTimeCoefficients) -> None: ...
+    def set_registration(self, registration: snapshot_pb2.InstanceRegistration) -> None: ...
+
+
+class Snapshotter:
+    """Polled by one thread (`run`); read by any (`latest`, `wait_newer`, `coefficients`)."""
+
+    def __init__(self, config: SnapshotterConfig, reader: RegionReader, publisher: Publisher | None,
+                 calibrator: OnlineCalibrator, on_availability: Callable[[bool], None] = lambda available: None,
+                 clock: Callable[[], float] = time.time):
+        self._config = config
+        self._reader = reader
+        self._publisher = publisher
+        self._calibrator = calibrator
+        self._on_availability = on_availability
+        self._clock = clock
+        self._changed = threading.Condition()
+        self._latest: snapshot_pb2.InstanceSnapshot | None = None
+        self._offered_at_s = 0.0
+        self._engine_created_at_s: float | None = None
+        self._available: bool | None = None
+        self.num_snapshots = 0
+        self.num_region_errors = 0
+
+    # The poll loop ------------------------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        num_failures = 0
+        while not stop.is_set():
+            try:
+                self.poll_once()
+            except Exception:  # noqa: BLE001 - a bad read must not end the sidecar: log, go on with the next one
+                num_failures += 1
+                if num_failures == 1 or num_failures % 1000 == 0:
+                    logger.exception("snapshotter poll failed (%d times)", num_failures)
+            stop.wait(self._config.poll_interval_s)
+
+    def poll_once(self) -> bool:
+        """One read of the region; True if it held something new."""
+        try:
+            region = self._reader.read()
+        except RegionError as error:
+            self.num_region_errors += 1
+            if self.num_region_errors == 1 or self.num_region_errors % 1000 == 0:
+                logger.warning("snapshot region %s unreadable (%d times): %s", self._reader.path,
+                               self.num_region_errors, error)
+            region = None
+        now = self._clock()
+        if not self._reader.attached or now - self._reader.alive_at_s() > self._config.engine_timeout_s:
+            self._set_latest(None)
+            self._set_available(False)
+            return False
+        self._set_available(True)
+        if region is None:
+            self._heartbeat(now)
+            return False
+        self._calibrate(region, now)
+        if region.valid:
+            self._register_if_new_engine(region)
+            batch_time = self._calibrator.latest
+            self._set_latest(snapshot_to_proto(region, instance_id=self._config.instance_id, pool=self._config.pool,
+                                               model=self._config.model, read_at_s=now, batch_time=batch_time))
+            self._offer(now)
+        return True
+
+    def _calibrate(self, region: RegionSnapshot, now: float) -> None:
+        executed = [step_to_proto(step) for step in region.executed if step.complete]
+        self._calibrator.add(executed)
+        fitted = self._calibrator.refit_if_due(now)
+        if fitted is not None and self._publisher is not None:
+            self._publisher.offer_coefficients(fitted)
+
+    def _heartbeat(self, now: float) -> None:
+        """An unchanged region: the latest snapshot is still current; say so every heartbeat."""
+        latest = self._latest
+        if latest is None or now - self._offered_at_s < self._config.heartbeat_s:
+            return
+        refreshed = snapshot_pb2.InstanceSnapshot()
+        refreshed.CopyFrom(latest)
+        refreshed.read_at_s = now
+        self._set_latest(refreshed)
+        self._offer(now)
+
+    def _offer(self, now: float) -> None:
+        self._offered_at_s = now
+        if self._publisher is not None and self._latest is not None:
+            self._publisher.offer_snapshot(self._latest)
+
+    def _register_if_new_engine(self, region: RegionSnapshot) -> None:
+        if region.created_at_s == self._engine_created_at_s:
+            return
+        self._engine_created_at_s = region.created_at_s
+        config = self._config
+        registration = snapshot_pb2.InstanceRegistration(
+            instance_id=config.instance_id, pool=config.pool, model=config.model or region.engine.model,
+            endpoint=config.endpoint, snapshotter_endpoint=config.advertised_endpoint,
+            input_usd_per_million_tokens=config.input_usd_per_million_tokens,
+            output_usd_per_million_tokens=config.output_usd_per_million_tokens,
+            engine=engine_to_proto(region.engine))
+        logger.info("engine found in %s (pid %d): %s", self._reader.path, region.writer_pid, region.engine)
+        if self._publisher is not None:
+            self._publisher.set_registration(registration)
+
+    def _set_available(self, available: bool) -> None:
+        if available != self._available:
+            self._available = available
+            if not available:
+                logger.warning("no live engine behind %s (region missing, or no heartbeat for %.0f s): waiting for one",
+                               self._reader.path, self._config.engine_timeout_s)
+            self._on_availability(available)
+
+    def _set_latest(self, snapshot: snapshot_pb2.InstanceSnapshot | None) -> None:
+        with self._changed:
+            if snapshot is not None and (self._latest is None or
+                                         snapshot.sequence_number != self._latest.sequence_number):
+                self.num_snapshots += 1
+            self._latest = snapshot
+            self._changed.notify_all()
+
+    # Readers (any thread) -----------------------------------------------------------------------------------------
+
+    def latest(self) -> snapshot_pb2.InstanceSnapshot | None:
+        return self._latest
+
+    def wait_newer(self, sequence_number: int, timeout_s: float) -> snapshot_pb2.InstanceSnapshot | None:
+        """The latest snapshot once its sequence number passes `sequence_number`; None after `timeout_s`."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._latest is not None and self._latest.sequence_number > sequence_number,
+                                   timeout=timeout_s)
+            latest = self._latest
+        return latest if latest is not None and latest.sequence_number > sequence_number else None
+
+    def coefficients(self) -> calibration_pb2.BatchTimeCoefficients | None:
+        return self._calibrator.latest

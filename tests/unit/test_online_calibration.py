@@ -1,0 +1,90 @@
+"""Online eq. 12 calibration: it recovers the coefficients behind the steps, shrugs off stalls, follows change."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from bear.core.batch_time import BatchTimeCoefficients, fit
+from bear.core.wire import features_from_record, samples_from_records
+from bear.snapshotter.calibration import OnlineCalibrator, robust_fit
+from bear.v1 import calibration_pb2
+
+TRUE = BatchTimeCoefficients(b0=4e-3, b1=2e-5, b2=1e-8, b3=1e-9)
+
+
+def step(rng: random.Random, coefficients: BatchTimeCoefficients = TRUE, noise: float = 0.03,
+         stall: float = 1.0) -> calibration_pb2.BatchRecord:
+    """A step with random decodes and maybe a prefill chunk, lasting what `coefficients` say (± noise) × stall."""
+    entries = [calibration_pb2.BatchEntry(num_decode_tokens=1, num_context_tokens=rng.randint(10, 4000))
+               for _ in range(rng.randint(1, 64))]
+    if rng.random() < 0.5:
+        entries.append(calibration_pb2.BatchEntry(num_prefill_tokens=rng.randint(16, 2048),
+                                                  num_context_tokens=rng.choice([0, rng.randint(0, 4000)])))
+    record = calibration_pb2.BatchRecord(entries=entries)
+    record.duration_s = coefficients.time_s(features_from_record(record)) * rng.uniform(1 - noise, 1 + noise) * stall
+    return record
+
+
+def assert_close(fitted: calibration_pb2.BatchTimeCoefficients, expected: BatchTimeCoefficients, tolerance: float
+                 ) -> None:
+    got = (fitted.intercept_s, fitted.per_token_s, fitted.per_decode_context_token_s,
+           fitted.per_prefill_attention_token_s)
+    for value, want in zip(got, (expected.b0, expected.b1, expected.b2, expected.b3)):
+        assert value == pytest.approx(want, rel=tolerance)
+
+
+def test_it_recovers_the_coefficients_behind_the_steps() -> None:
+    rng = random.Random(1)
+    calibrator = OnlineCalibrator(window=500, min_samples=50, refit_interval_s=0)
+    calibrator.add(step(rng) for _ in range(400))
+    fitted = calibrator.refit_if_due(now_s=10.0)
+    assert fitted is not None and calibrator.latest is fitted
+    assert_close(fitted, TRUE, 0.1)
+    assert fitted.mape < 0.03 and fitted.num_samples == 400 and fitted.num_outliers == 0 and fitted.fitted_at_s == 10
+
+
+def test_stalled_steps_are_trimmed_instead_of_inflating_the_fit() -> None:
+    rng = random.Random(2)
+    records = [step(rng, stall=rng.choice([5.0, 20.0]) if i % 10 == 0 else 1.0) for i in range(1000)]
+    samples = OnlineCalibrator(1000, 50, 0)
+    samples.add(records)
+    fitted = samples.refit_if_due(0.0)
+    assert fitted is not None
+    assert_close(fitted, TRUE, 0.1)
+    assert 95 <= fitted.num_outliers <= 110 and fitted.mape < 0.05
+    naive = fit(samples_from_records(records))
+    assert naive.mape > 3 * fitted.mape  # what trimming saves
+
+
+def test_the_window_forgets_an_old_regime() -> None:
+    rng = random.Random(3)
+    slower = BatchTimeCoefficients(b0=8e-3, b1=4e-5, b2=2e-8, b3=2e-9)
+    calibrator = OnlineCalibrator(window=300, min_samples=50, refit_interval_s=0)
+    calibrator.add(step(rng) for _ in range(300))
+    calibrator.add(step(rng, slower) for _ in range(300))
+    fitted = calibrator.refit_if_due(0.0)
+    assert fitted is not None
+    assert_close(fitted, slower, 0.1)
+
+
+def test_fits_wait_for_enough_new_steps_and_the_refit_interval() -> None:
+    rng = random.Random(4)
+    calibrator = OnlineCalibrator(window=100, min_samples=20, refit_interval_s=5.0)
+    calibrator.add(step(rng) for _ in range(19))
+    assert calibrator.refit_if_due(0.0) is None  # too few steps
+    calibrator.add([step(rng), calibration_pb2.BatchRecord(duration_s=0.0)])  # a step in flight does not count
+    assert calibrator.num_steps_seen == 20
+    assert calibrator.refit_if_due(1.0) is not None
+    calibrator.add([step(rng)])
+    assert calibrator.refit_if_due(3.0) is None  # too soon
+    assert calibrator.refit_if_due(6.5) is not None
+    assert calibrator.refit_if_due(20.0) is None  # nothing new
+
+
+def test_a_fit_needs_more_than_a_handful_of_inliers() -> None:
+    rng = random.Random(5)
+    samples = samples_from_records([step(rng) for _ in range(6)])
+    result, outliers = robust_fit(samples)
+    assert result.num_samples + outliers == 6

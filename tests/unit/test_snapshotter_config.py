@@ -1,0 +1,71 @@
+"""Settings from the environment: defaults, parsing, and refusals that name the variable."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from bear.common.redis_config import RedisConfig
+from bear.snapshotter.config import PluginConfig, SnapshotterConfig
+
+
+def test_defaults_from_an_empty_environment() -> None:
+    plugin, sidecar = PluginConfig.from_environ({}), SnapshotterConfig.from_environ({})
+    assert plugin == PluginConfig() and plugin.region == sidecar.region == "bear-snapshot"
+    assert sidecar.instance_id == socket.gethostname() and sidecar.poll_interval_s == 0.005
+    assert sidecar.redis.embedded and sidecar.heartbeat_s == pytest.approx(sidecar.snapshot_ttl_s / 3)
+
+
+def test_every_setting_is_read() -> None:
+    sidecar = SnapshotterConfig.from_environ({
+        "BEAR_SNAPSHOT_REGION": "engine-7", "BEAR_INSTANCE_ID": "pod-7", "BEAR_POOL": "large",
+        "BEAR_MODEL": "qwen3-32b",
+        "BEAR_INSTANCE_ENDPOINT": "http://10.0.0.7:8000", "BEAR_INPUT_USD_PER_MTOK": "0.4",
+        "BEAR_OUTPUT_USD_PER_MTOK": "1.6", "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS": "2.5",
+        "BEAR_SNAPSHOTTER_GRPC_HOST": "127.0.0.1", "BEAR_SNAPSHOTTER_GRPC_PORT": "0",
+        "BEAR_SNAPSHOTTER_ENDPOINT": "10.0.0.7:50071", "BEAR_SNAPSHOT_TTL_S": "3", "BEAR_CALIBRATION_WINDOW": "500",
+        "BEAR_CALIBRATION_MIN_SAMPLES": "40", "BEAR_CALIBRATION_REFIT_S": "1", "BEAR_REDIS_URL": "redis://r:6379/1"})
+    assert (sidecar.region, sidecar.instance_id, sidecar.pool, sidecar.model, sidecar.endpoint) == (
+        "engine-7", "pod-7", "large", "qwen3-32b", "http://10.0.0.7:8000")
+    assert (sidecar.input_usd_per_million_tokens, sidecar.output_usd_per_million_tokens) == (0.4, 1.6)
+    assert (sidecar.poll_interval_s, sidecar.grpc_host, sidecar.grpc_port, sidecar.advertised_endpoint) == (
+        0.0025, "127.0.0.1", 0, "10.0.0.7:50071")
+    assert (sidecar.snapshot_ttl_s, sidecar.calibration_window, sidecar.calibration_min_samples,
+            sidecar.calibration_refit_s) == (3.0, 500, 40, 1.0)
+    assert sidecar.redis.url == "redis://r:6379/1"
+    plugin = PluginConfig.from_environ({"BEAR_SNAPSHOT_REGION": "/tmp/x", "BEAR_SNAPSHOT_MAX_WAITING": "0",
+                                        "BEAR_SNAPSHOT_RING_STEPS": "16", "BEAR_SNAPSHOT_MAX_ID_BYTES": "64"})
+    assert plugin == PluginConfig(region="/tmp/x", max_waiting_rows=0, ring_steps=16, max_id_bytes=64)
+
+
+@pytest.mark.parametrize("environ, names", [
+    ({"BEAR_SNAPSHOTTER_GRPC_PORT": "http"}, "BEAR_SNAPSHOTTER_GRPC_PORT"),
+    ({"BEAR_SNAPSHOTTER_GRPC_PORT": "70000"}, "BEAR_SNAPSHOTTER_GRPC_PORT"),
+    ({"BEAR_SNAPSHOTTER_POLL_INTERVAL_MS": "0"}, "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS"),
+    ({"BEAR_SNAPSHOT_TTL_S": "0.5"}, "BEAR_SNAPSHOT_TTL_S"),
+    ({"BEAR_CALIBRATION_MIN_SAMPLES": "5000"}, "BEAR_CALIBRATION_MIN_SAMPLES"),
+    ({"BEAR_INPUT_USD_PER_MTOK": "-1"}, "prices"),
+    ({"BEAR_REDIS_URL": "http://r"}, "BEAR_REDIS_URL"),
+    ({"BEAR_REDIS_TLS": "maybe"}, "BEAR_REDIS_TLS"),
+])
+def test_bad_sidecar_settings_name_the_variable(environ: dict[str, str], names: str) -> None:
+    with pytest.raises(ValueError, match=names):
+        SnapshotterConfig.from_environ(environ)
+
+
+@pytest.mark.parametrize("environ, names", [
+    ({"BEAR_SNAPSHOT_RING_STEPS": "2"}, "BEAR_SNAPSHOT_RING_STEPS"),
+    ({"BEAR_SNAPSHOT_MAX_WAITING": "-1"}, "BEAR_SNAPSHOT_MAX_WAITING"),
+    ({"BEAR_SNAPSHOT_MAX_ID_BYTES": "many"}, "BEAR_SNAPSHOT_MAX_ID_BYTES"),
+])
+def test_bad_plugin_settings_name_the_variable(environ: dict[str, str], names: str) -> None:
+    with pytest.raises(ValueError, match=names):
+        PluginConfig.from_environ(environ)
+
+
+def test_the_redis_configuration_is_shared_and_typed() -> None:
+    config = RedisConfig.from_environ({"BEAR_REDIS_URL": "rediss://cache:6380/0", "BEAR_REDIS_PASSWORD": "s3cret",
+                                       "BEAR_REDIS_TLS_CA_FILE": "/etc/ca.pem", "BEAR_REDIS_TIMEOUT_S": "0.5"})
+    assert config.uses_tls and not config.embedded and config.timeout_s == 0.5
+    assert "s3cret" not in config.describe() and config.describe() == "rediss://cache:6380 with TLS"
