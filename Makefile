@@ -3,11 +3,12 @@ PYTHON ?= python3
 VENV := .venv
 VLLM_VENV := .venv-vllm
 VLLM_VERSION := 0.32.0
+HELM_VENV := .venv-helm
 BUILD_DEPS := "scikit-build-core>=0.11" "pybind11>=3.0" "grpcio-tools==1.85.*" "mypy-protobuf>=3.6" cmake ninja
 
 .PHONY: setup dev vllm test bench clean
 
-setup: redis dev vllm
+setup: redis dev vllm helm-env
 
 # The main environment: BEAR built in place (C++ rebuilt on import when sources change) with its test tools.
 dev:
@@ -31,6 +32,14 @@ vllm:
 	  'vllm-$(VLLM_VERSION)+cpu.dist-info'); d.mkdir(exist_ok=True); \
 	  (d / 'METADATA').write_text('Metadata-Version: 2.1\nName: vllm\nVersion: $(VLLM_VERSION)+cpu\n')"
 
+# Helm's engine (helm-python-sdk, ~250 MB: no helm binary is packaged for pip) and kubernetes-validate in their own
+# environment: the chart tests render, lint and validate helm/bear with it.
+.PHONY: helm-env
+helm-env:
+	test -x $(HELM_VENV)/bin/python || $(PYTHON) -m venv $(HELM_VENV)
+	$(HELM_VENV)/bin/python -c "import helm_python, kubernetes_validate, yaml" 2>/dev/null || \
+	  $(HELM_VENV)/bin/pip install --quiet "helm-python-sdk>=0.2.2,<0.3" "kubernetes-validate>=1.35" pyyaml
+
 # redis-server for the integration tests (each starts its own on a free port). CI runs as root; without the man-db
 # trigger file, apt skips a 35 s man page index rebuild.
 .PHONY: redis
@@ -39,7 +48,8 @@ redis:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null )
 
 test:
-	BEAR_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(VENV)/bin/pytest
+	BEAR_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python BEAR_HELM_PYTHON=$(CURDIR)/$(HELM_VENV)/bin/python \
+	  $(VENV)/bin/pytest
 
 # Replay speed: compiled core vs Python reference vs stepping the real vLLM scheduler (prints a table).
 bench:
@@ -56,4 +66,4 @@ bench-snapshotter:
 	$(VENV)/bin/python benchmarks/snapshot_plugin_bench.py --vllm-python $(VLLM_VENV)/bin/python
 
 clean:
-	rm -rf build $(VENV) $(VLLM_VENV)
+	rm -rf build $(VENV) $(VLLM_VENV) $(HELM_VENV)

@@ -99,21 +99,31 @@ class CalibrationFit:
     num_rejected: int  # records dropped (non-positive or non-finite durations, empty batches)
 
 
-def fit(samples: Sequence[tuple[BatchFeatures, float]]) -> CalibrationFit:
+def fit(samples: Sequence[tuple[BatchFeatures, float]], *, balance_prefill: bool = True) -> CalibrationFit:
     """Fits eq. 12 to (features, measured duration) pairs, minimising relative error under b ≥ 0.
 
-    Degenerate logs (only decodes, only prefills, fewer rows than coefficients) give coefficients that are finite and
-    non-negative; the terms the log cannot identify get zero weight. Raises ValueError if no usable record remains.
+    Steps with prefill chunks are rare in a step log (a few percent: every request decodes hundreds of steps for one
+    prefill) yet they make most of a TTFT, so with `balance_prefill` the two kinds of step weigh the same in the
+    fit, whatever their counts. Degenerate logs (only decodes, only prefills, fewer rows than coefficients) give
+    coefficients that are finite and non-negative; the terms the log cannot identify get zero weight. Raises
+    ValueError if no usable record remains.
     """
     usable = [(f, t) for f, t in samples if math.isfinite(t) and t > 0 and f.num_tokens > 0]
     if not usable:
         raise ValueError("calibration needs at least one record with a positive duration and scheduled tokens")
     design = np.array([[1.0, f.num_tokens, f.decode_context, f.prefill_attention] for f, _ in usable])
     durations = np.array([t for _, t in usable])
-    weighted = design / durations[:, None]  # row i divided by t_i: residuals become relative errors
+    weights = 1.0 / durations  # row i divided by t_i: residuals become relative errors
+    if balance_prefill:
+        with_prefill = np.array([f.num_prefill_tokens > 0 for f, _ in usable])
+        count = with_prefill.sum()
+        if 0 < count < len(usable):  # sqrt: least squares weighs squared residuals
+            weights = weights * np.where(with_prefill, np.sqrt(len(usable) / (2 * count)),
+                                         np.sqrt(len(usable) / (2 * (len(usable) - count))))
+    weighted = design * weights[:, None]
     scale = np.linalg.norm(weighted, axis=0)
     scale[scale == 0] = 1.0  # a feature absent from every record keeps coefficient 0
-    solution, _ = nnls(weighted / scale, np.ones(len(usable)), maxiter=50 * design.shape[1])
+    solution, _ = nnls(weighted / scale, durations * weights, maxiter=50 * design.shape[1])
     coefficients = BatchTimeCoefficients(*(float(max(b, 0.0)) for b in solution / scale))
     predicted = design @ np.array([coefficients.b0, coefficients.b1, coefficients.b2, coefficients.b3])
     return CalibrationFit(

@@ -88,6 +88,7 @@ class SimulatedInstance:
         self._last_end_s = 0.0  # end of the last step executed (m-1)
         self._end_before_last_s = 0.0  # end of the one before (m-2)
         self._executing: ExecutedStep | None = None  # the last step scheduled
+        self._last_scheduled_s = 0.0
         self._index = 0
         self._published: deque[_Published] = deque()
 
@@ -107,6 +108,7 @@ class SimulatedInstance:
     def next_schedule_s(self) -> float | None:
         """When the engine next schedules a step, or None if it has nothing to do and nothing pending."""
         at = self._end_before_last_s if self.spec.engine.async_scheduling else self._last_end_s
+        at = max(at, self._last_scheduled_s)  # after an idle spell, the second step follows the first at once
         if self.scheduler.running or self.scheduler.waiting:
             return at
         return max(at, self._pending[0][0]) if self._pending else None
@@ -116,6 +118,7 @@ class SimulatedInstance:
         scheduled_at = self.next_schedule_s()
         if scheduled_at is None:
             raise RuntimeError("nothing to schedule")
+        self._last_scheduled_s = scheduled_at
         while self._pending and self._pending[0][0] <= scheduled_at:
             self.scheduler.add_request(self._pending.popleft()[1])
         self._publish(scheduled_at)

@@ -1,0 +1,51 @@
+"""`bear serve snapshotter` (also `bear snapshotter`): the sidecar's flags over its environment settings."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+
+from bear.snapshotter.config import SnapshotterConfig
+
+_FLAGS = {  # flag → (config field, type, help)
+    "--region": ("region", str, "snapshot region name in /dev/shm, or a path (BEAR_SNAPSHOT_REGION)"),
+    "--instance-id": ("instance_id", str, "this instance's id (BEAR_INSTANCE_ID; default: host name)"),
+    "--pool": ("pool", str, "pool the instance belongs to (BEAR_POOL)"),
+    "--model": ("model", str, "model name (BEAR_MODEL; default: the engine's served model name)"),
+    "--endpoint": ("endpoint", str, "the vLLM server's URL (BEAR_INSTANCE_ENDPOINT)"),
+    "--grpc-port": ("grpc_port", int, "gRPC port, 0 for any free one (BEAR_SNAPSHOTTER_GRPC_PORT)"),
+    "--redis-url": (None, str, "Redis URL (BEAR_REDIS_URL; default: an embedded Redis)"),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    for flag, (_, kind, text) in _FLAGS.items():
+        parser.add_argument(flag, type=kind, help=text)
+    parser.add_argument("--poll-interval-ms", type=float, help="how often the region is read "
+                        "(BEAR_SNAPSHOTTER_POLL_INTERVAL_MS, default 5)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from bear.snapshotter import main  # grpc and redis only when the command runs
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = config_from(args)
+    except ValueError as error:
+        print(f"bear snapshotter: {error}", file=sys.stderr)
+        return 2
+    main.run(config, on_ready=lambda port: print(f"grpc_port={port}", flush=True))
+    return 0
+
+
+def config_from(args: argparse.Namespace) -> SnapshotterConfig:
+    config = SnapshotterConfig.from_environ()
+    overrides = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _, _) in _FLAGS.items() if field}
+    if args.poll_interval_ms is not None:
+        overrides["poll_interval_s"] = args.poll_interval_ms / 1000
+    config = dataclasses.replace(config, **{k: v for k, v in overrides.items() if v is not None})
+    if args.redis_url is not None:
+        config = dataclasses.replace(config, redis=dataclasses.replace(config.redis, url=args.redis_url))
+    return config

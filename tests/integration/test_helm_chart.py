@@ -1,0 +1,453 @@
+"""The Helm chart (helm/bear): rendered by Helm's own engine (helm-python-sdk), linted strictly, every object checked
+by kubernetes-validate in strict mode, for the default values and every example; then the essentials asserted on the
+rendered objects, and bad values refused by values.schema.json or the templates' own checks.
+
+helm-python-sdk and kubernetes-validate live in `.venv-helm` (`make helm-env`), not in the main environment:
+tests/integration/helm_driver.py runs there, with the Python that BEAR_HELM_PYTHON names (`make test` sets it).
+Without it these tests are skipped; set but missing, they fail.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bear.discovery.pools import parse_pools
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "bear"
+EXAMPLES = CHART / "examples"
+DRIVER = Path(__file__).with_name("helm_driver.py")
+KUBE_VERSIONS = ["1.27.0", "1.35.0"]  # the chart's kubeVersion floor and a current release
+RELEASE, NAMESPACE = "prod", "serving"
+PLUGIN_CLASSES = {"bear.snapshotter.plugin.AsyncSnapshotScheduler", "bear.snapshotter.plugin.SnapshotScheduler"}
+PAPER_POOLS = {  # name → (model, gpus, tensor parallel, input price, output price): the paper's Table 1 set-up
+    "small": ("Qwen/Qwen3-0.6B", 1, 1, 0.044, 0.173),
+    "medium": ("Qwen/Qwen3-8B", 1, 1, 0.072, 0.287),
+    "large": ("Qwen/Qwen3-32B", 2, 2, 0.287, 0.640),
+}
+
+
+def _pool(**fields: Any) -> dict[str, Any]:
+    return {"name": "p", "model": "m", "replicas": 1, "gpusPerReplica": 1, "tensorParallelSize": 1,
+            "prices": {"inputPerMTokens": 0.1, "outputPerMTokens": 0.2}, **fields}
+
+
+# name → (values files, values on top)
+GOOD_CASES: dict[str, tuple[list[str], dict[str, Any]]] = {
+    "default": ([], {}),
+    **{f"example-{path.stem}": ([str(path)], {}) for path in sorted(EXAMPLES.glob("*.yaml"))},
+    "paper+external-redis-tls": ([str(EXAMPLES / "paper-pools.yaml"), str(EXAMPLES / "external-redis-tls.yaml")], {}),
+    "paper+production": ([str(EXAMPLES / "paper-pools.yaml"), str(EXAMPLES / "production.yaml")], {}),
+    "everything-off": ([], {"networkPolicy": {"enabled": False}, "rbac": {"create": False},
+                            "serviceAccount": {"create": False, "name": "shared"},
+                            "metrics": {"scrapeAnnotations": False},
+                            "vllm": {"podDisruptionBudget": {"enabled": False}, "preStopSleepSeconds": 0},
+                            "redis": {"existingSecret": "bear-redis"}}),
+}
+# name → (values, what the error must say); refused by values.schema.json
+SCHEMA_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
+    "unknown-pool-key": ({"pools": [_pool(gpus=2)]}, "additional properties 'gpus'"),
+    "misspelt-top-level-key": ({"pool": []}, "additional properties 'pool'"),
+    "pool-without-prices": ({"pools": [{k: v for k, v in _pool().items() if k != "prices"}]}, "prices"),
+    "negative-gpus": ({"pools": [_pool(gpusPerReplica=-1)]}, "gpusPerReplica"),
+    "gpu-memory-over-1": ({"pools": [_pool(engine={"gpuMemoryUtilization": 1.5})]}, "gpuMemoryUtilization"),
+    "fractional-batch-budget": ({"pools": [_pool(engine={"maxNumBatchedTokens": 10.5})]}, "maxNumBatchedTokens"),
+    "pool-name-not-a-dns-label": ({"pools": [_pool(name="Large_Pool")]}, "name"),
+    "no-pools": ({"pools": []}, "pools"),
+    "unknown-policy": ({"router": {"defaultPolicy": "fastest"}}, "defaultPolicy"),
+    "external-redis-without-url": ({"redis": {"enabled": False}}, "url"),
+    "redis-url-scheme": ({"redis": {"enabled": False, "url": "http://redis:6379"}}, "url"),
+    "tls-on-bundled-redis": ({"redis": {"tls": {"enabled": True}}}, "tls"),
+    "client-cert-without-key": ({"redis": {"enabled": False, "url": "rediss://r:6380", "tls": {
+        "enabled": True, "certKey": "tls.crt"}}}, "keyKey"),
+    "artifact-source": ({"predictor": {"artifact": {"source": "s3"}}}, "source"),
+    "pvc-artifact-without-claim": ({"predictor": {"artifact": {"source": "persistentVolumeClaim"}}}, "claimName"),
+    "otel-protocol": ({"otel": {"protocol": "http/json"}}, "protocol"),
+}
+# name → (values, what the error must say); refused by the templates' own checks
+TEMPLATE_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
+    "tensor-parallel-over-gpus": ({"pools": [_pool(gpusPerReplica=2, tensorParallelSize=4)]},
+                                  "tensorParallelSize (4) exceeds gpusPerReplica (2)"),
+    "duplicate-pool-names": ({"pools": [_pool(name="a"), _pool(name="a")]}, 'the name "a" is used twice'),
+}
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    python = os.environ.get("BEAR_HELM_PYTHON")
+    if not python:
+        pytest.skip("BEAR_HELM_PYTHON is not set (make test sets it to .venv-helm's python)")
+    if not Path(python).exists():
+        pytest.fail(f"BEAR_HELM_PYTHON={python} does not exist: run `make helm-env` (part of `make setup`)")
+    cases = [{"name": name, "values_files": files, "values": values, "release": RELEASE, "namespace": NAMESPACE}
+             for name, (files, values) in GOOD_CASES.items()]
+    cases += [{"name": name, "values": values, "release": RELEASE, "namespace": NAMESPACE}
+              for name, (values, _) in {**SCHEMA_REFUSALS, **TEMPLATE_REFUSALS}.items()]
+    request = {"chart": str(CHART), "kube_versions": KUBE_VERSIONS, "cases": cases}
+    done = subprocess.run([python, str(DRIVER)], input=json.dumps(request), capture_output=True, text=True,
+                          check=False, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["cases"]
+
+
+# Native Kubernetes blocks in values.yaml: documented as a whole, their own keys are Kubernetes'.
+NATIVE_BLOCKS = {"resources", "startupProbe", "readinessProbe", "livenessProbe", "securityContext",
+                 "podSecurityContext", "cacheVolume"}
+
+
+def undocumented_values(text: str) -> list[str]:
+    """Keys of values.yaml without a `# --` comment right above them (outside native blocks)."""
+    lines, stack, missing = text.splitlines(), [], []
+    for number, line in enumerate(lines):
+        match = re.match(r"^(\s*)(- )?([A-Za-z][\w.-]*):", line)
+        if not match:
+            continue
+        indent, key = len(match.group(1)) + (2 if match.group(2) else 0), match.group(3)
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        ancestors = [name for _, name in stack]
+        stack.append((indent, key))
+        if NATIVE_BLOCKS & set(ancestors):
+            continue
+        above = number - 1
+        while above >= 0 and lines[above].strip().startswith("#") and not lines[above].strip().startswith("# --"):
+            above -= 1
+        if above < 0 or not lines[above].strip().startswith("# --"):
+            missing.append(".".join([*ancestors, key]))
+    return missing
+
+
+def objects(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [document for template, text in sorted(report["manifests"].items()) if template.endswith(".yaml")
+            for document in yaml.safe_load_all(text) if document]
+
+
+def of_kind(report: dict[str, Any], kind: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in objects(report) if o["kind"] == kind}
+
+
+def component(report: dict[str, Any], kind: str, name: str) -> dict[str, Any]:
+    matches = [o for o in of_kind(report, kind).values()
+               if o["metadata"]["labels"]["app.kubernetes.io/component"] == name]
+    assert len(matches) == 1, f"{len(matches)} {kind} for {name}"
+    return matches[0]
+
+
+def container(workload: dict[str, Any], name: str) -> dict[str, Any]:
+    (found,) = [c for c in workload["spec"]["template"]["spec"]["containers"] if c["name"] == name]
+    return found
+
+
+def env(c: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+# --- every values file renders, lints strictly and validates --------------------------------------------------------
+
+
+def test_every_value_is_documented_and_covered_by_the_schema() -> None:
+    text = (CHART / "values.yaml").read_text()
+    assert undocumented_values(text) == []
+    assert undocumented_values("a:\n  # -- b\n  b: 1\n  c: 2\n") == ["a", "a.c"]  # the checker itself
+    schema = json.loads((CHART / "values.schema.json").read_text())
+
+    def check(values: Any, node: dict[str, Any], where: str) -> None:
+        if isinstance(values, dict) and node.get("additionalProperties") is False:
+            assert set(values) <= set(node["properties"]), f"{where}: {set(values) - set(node['properties'])}"
+            for key, value in values.items():
+                check(value, node["properties"][key], f"{where}.{key}")
+        elif isinstance(values, list) and "items" in node:
+            for value in values:
+                check(value, node["items"], f"{where}[]")
+
+    check(yaml.safe_load(text), schema, "values")
+    assert yaml.safe_load(text)["pools"][0].keys() >= {
+        "name", "model", "replicas", "gpusPerReplica", "tensorParallelSize", "prices", "engine", "image", "resources",
+        "nodeSelector", "tolerations", "affinity"}  # the contract's keys
+
+
+@pytest.mark.parametrize("case", sorted(GOOD_CASES))
+def test_renders_lints_strictly_and_validates_for_kubernetes(reports: dict[str, Any], case: str) -> None:
+    report = reports[case]
+    assert report["schema_error"] is None and report["render_error"] is None
+    assert report["lint"]["errors"] == []
+    assert [m for m in report["lint"]["messages"] if m["severity"] >= 2] == []  # strict: no warnings either
+    assert report["invalid"] == []
+    assert len(objects(report)) >= 10
+
+
+@pytest.mark.parametrize("case", sorted(SCHEMA_REFUSALS))
+def test_the_schema_refuses_bad_values(reports: dict[str, Any], case: str) -> None:
+    error = reports[case]["schema_error"]
+    assert error is not None and SCHEMA_REFUSALS[case][1] in error
+
+
+@pytest.mark.parametrize("case", sorted(TEMPLATE_REFUSALS))
+def test_the_templates_refuse_what_the_schema_cannot_see(reports: dict[str, Any], case: str) -> None:
+    report = reports[case]
+    assert report["schema_error"] is None
+    assert report["render_error"] is not None and TEMPLATE_REFUSALS[case][1] in report["render_error"]
+
+
+# --- the pools --------------------------------------------------------------------------------------------------------
+
+
+def test_one_vllm_deployment_per_pool_with_its_gpus_parallelism_and_the_plugin(reports: dict[str, Any]) -> None:
+    report = reports["example-paper-pools"]
+    engines = {d["metadata"]["labels"]["bear.dev/pool"]: d for d in of_kind(report, "Deployment").values()
+               if d["metadata"]["labels"]["app.kubernetes.io/component"] == "engine"}
+    assert sorted(engines) == sorted(PAPER_POOLS)
+    for pool, (model, gpus, tensor_parallel, input_price, output_price) in PAPER_POOLS.items():
+        vllm = container(engines[pool], "vllm")
+        assert vllm["command"] == ["vllm", "serve"] and vllm["args"][0] == model
+        assert vllm["resources"]["limits"]["nvidia.com/gpu"] == gpus
+        assert vllm["resources"]["requests"]["nvidia.com/gpu"] == gpus
+        args = vllm["args"]
+        assert flag(args, "--tensor-parallel-size") == str(tensor_parallel)
+        assert flag(args, "--scheduler-cls") == "bear.snapshotter.plugin.AsyncSnapshotScheduler"
+        assert "--async-scheduling" in args
+        assert flag(args, "--served-model-name") == model.split("/")[-1]
+        assert [flag(args, f) for f in ("--max-num-batched-tokens", "--max-num-seqs", "--block-size",
+                                        "--gpu-memory-utilization", "--max-model-len")] == [
+            "8192", "1024", "16", "0.9", "40960"]
+        sidecar = env(container(engines[pool], "snapshotter"))
+        assert (sidecar["BEAR_POOL"], sidecar["BEAR_MODEL"]) == (pool, model.split("/")[-1])
+        assert (float(sidecar["BEAR_INPUT_USD_PER_MTOK"]), float(sidecar["BEAR_OUTPUT_USD_PER_MTOK"])) == (
+            input_price, output_price)
+        assert env(vllm)["BEAR_SNAPSHOT_REGION"] == sidecar["BEAR_SNAPSHOT_REGION"]
+        assert engines[pool]["spec"]["template"]["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
+    budgets = [p["metadata"]["labels"] for p in of_kind(report, "PodDisruptionBudget").values()]
+    assert sorted(b["bear.dev/pool"] for b in budgets if b["app.kubernetes.io/component"] == "engine") == sorted(
+        PAPER_POOLS)
+
+
+def test_the_plugin_classes_named_by_the_chart_exist() -> None:
+    tree = ast.parse((ROOT / "services" / "snapshotter" / "plugin.py").read_text())
+    defined = {f"bear.snapshotter.plugin.{node.name}" for node in tree.body if isinstance(node, ast.ClassDef)}
+    assert PLUGIN_CLASSES <= defined
+
+
+def test_a_cpu_pool_gets_no_gpu_the_synchronous_plugin_and_vllms_own_defaults(reports: dict[str, Any]) -> None:
+    (engine,) = [d for d in of_kind(reports["example-cpu-kind"], "Deployment").values()
+                 if d["metadata"]["labels"]["app.kubernetes.io/component"] == "engine"]
+    vllm = container(engine, "vllm")
+    assert "nvidia.com/gpu" not in vllm["resources"]["limits"] and "nvidia.com/gpu" not in vllm["resources"]["requests"]
+    assert flag(vllm["args"], "--scheduler-cls") == "bear.snapshotter.plugin.SnapshotScheduler"
+    assert "--async-scheduling" not in vllm["args"] and "--block-size" not in vllm["args"]
+    assert "--gpu-memory-utilization" not in vllm["args"] and flag(vllm["args"], "--served-model-name") == "tiny-qwen3"
+    assert engine["spec"]["replicas"] == 2 and vllm["args"][-3:] == ["--enforce-eager", "--dtype", "bfloat16"]
+
+
+def test_the_sidecar_shares_a_memory_backed_dev_shm_with_vllm(reports: dict[str, Any]) -> None:
+    for engine in of_kind(reports["example-paper-pools"], "Deployment").values():
+        if engine["metadata"]["labels"]["app.kubernetes.io/component"] != "engine":
+            continue
+        pod = engine["spec"]["template"]["spec"]
+        shm = [v["name"] for v in pod["volumes"] if v.get("emptyDir", {}).get("medium") == "Memory"]
+        assert len(shm) == 1
+        for name in ("vllm", "snapshotter"):
+            mounts = {m["mountPath"]: m["name"] for m in container(engine, name)["volumeMounts"]}
+            assert mounts["/dev/shm"] == shm[0]
+        sidecar = env(container(engine, "snapshotter"))
+        assert sidecar["BEAR_INSTANCE_ID"] == "$(POD_NAME)"
+        assert sidecar["BEAR_INSTANCE_ENDPOINT"] == "http://$(POD_IP):8000"
+        assert sidecar["BEAR_SNAPSHOTTER_ENDPOINT"] == "$(POD_IP):50071"
+        assert sidecar["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+
+
+def test_the_pools_file_describes_every_pool_and_selects_exactly_its_pods(reports: dict[str, Any]) -> None:
+    report = reports["example-paper-pools"]
+    (config_map,) = [c for c in of_kind(report, "ConfigMap").values()
+                     if c["metadata"]["labels"]["app.kubernetes.io/component"] == "pools"]
+    pools = {pool.name: pool for pool in parse_pools(yaml.safe_load(config_map["data"]["pools.yaml"]))}
+    assert sorted(pools) == sorted(PAPER_POOLS)
+    engines = {d["metadata"]["labels"]["bear.dev/pool"]: d for d in of_kind(report, "Deployment").values()
+               if d["metadata"]["labels"]["app.kubernetes.io/component"] == "engine"}
+    for name, (model, _, _, input_price, output_price) in PAPER_POOLS.items():
+        pool = pools[name]
+        assert (pool.model, pool.input_usd_per_mtok, pool.output_usd_per_mtok) == (
+            model.split("/")[-1], input_price, output_price)
+        assert (pool.http_port, pool.snapshotter_grpc_port) == (8000, 50071)
+        pod_labels = engines[name]["spec"]["template"]["metadata"]["labels"]
+        assert dict(pool.selector) == engines[name]["spec"]["selector"]["matchLabels"]
+        assert pool.selector.items() <= pod_labels.items()
+        for other, engine in engines.items():  # no pool's selector picks another pool's pods
+            labels = engine["spec"]["template"]["metadata"]["labels"]
+            assert (pool.selector.items() <= labels.items()) is (other == name)
+
+
+# --- the services -----------------------------------------------------------------------------------------------------
+
+
+def test_router_estimator_and_predictor_are_wired_to_each_other(reports: dict[str, Any]) -> None:
+    report = reports["default"]
+    services = {s["metadata"]["labels"]["app.kubernetes.io/component"]: s for s in of_kind(report, "Service").values()}
+    ports = {name: {p["name"]: p["port"] for p in s["spec"]["ports"]} for name, s in services.items()}
+    assert ports["router"]["grpc"] == 50051 and ports["estimator"]["grpc"] == 50052
+    assert ports["predictor"]["grpc"] == 50053 and ports["redis"]["redis"] == 6379
+    router = env(container(component(report, "Deployment", "router"), "router"))
+    assert router["BEAR_ESTIMATOR_ADDRESS"] == f"{services['estimator']['metadata']['name']}:50052"
+    assert router["BEAR_PREDICTOR_ADDRESS"] == f"{services['predictor']['metadata']['name']}:50053"
+    assert router["BEAR_DEFAULT_POLICY"] == "bear"
+    for name in ("router", "estimator"):
+        settings = env(container(component(report, "Deployment", name), name))
+        assert (settings["BEAR_DISCOVERY"], settings["BEAR_NAMESPACE"]) == ("kubernetes", "$(POD_NAMESPACE)")
+        assert settings["BEAR_POOLS_FILE"] == "/etc/bear/pools/pools.yaml"
+    for name in ("router", "estimator", "predictor"):
+        deployment = component(report, "Deployment", name)
+        main = container(deployment, name)
+        assert main["args"][:2] == ["serve", name] and deployment["spec"]["replicas"] == 2
+        settings = env(main)
+        assert settings["BEAR_REDIS_URL"] == f"redis://{services['redis']['metadata']['name']}:6379/0"
+        assert settings["OTEL_SERVICE_NAME"] == f"bear-{name}"
+    predictor = env(container(component(report, "Deployment", "predictor"), "predictor"))
+    assert predictor["BEAR_PREDICTOR_MODEL_DIR"] == "/var/lib/bear/predictor"
+    assert component(report, "StatefulSet", "redis")["spec"]["serviceName"] == services["redis"]["metadata"]["name"]
+
+
+def test_every_container_has_probes_and_bear_answers_grpc_health(reports: dict[str, Any]) -> None:
+    report = reports["example-paper-pools"]
+    for workload in [*of_kind(report, "Deployment").values(), *of_kind(report, "StatefulSet").values()]:
+        for c in workload["spec"]["template"]["spec"]["containers"]:
+            assert "readinessProbe" in c and "livenessProbe" in c, f"{workload['metadata']['name']}/{c['name']}"
+            if c["name"] in ("router", "estimator", "predictor"):
+                grpc_port = next(p["containerPort"] for p in c["ports"] if p["name"] == "grpc")
+                for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                    assert c[probe]["grpc"] == {"port": grpc_port}
+            elif c["name"] == "snapshotter":
+                assert c["readinessProbe"]["grpc"] == {"port": 50071}
+            elif c["name"] == "vllm":
+                assert c["startupProbe"]["httpGet"] == c["readinessProbe"]["httpGet"] == {"path": "/health",
+                                                                                          "port": "http"}
+
+
+def test_pods_run_as_non_root_without_privilege_escalation(reports: dict[str, Any]) -> None:
+    for case in GOOD_CASES:
+        for workload in [*of_kind(reports[case], "Deployment").values(), *of_kind(reports[case], "StatefulSet")
+                         .values()]:
+            pod = workload["spec"]["template"]["spec"]
+            assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] > 0
+            for c in pod["containers"]:
+                assert c["securityContext"]["allowPrivilegeEscalation"] is False
+                assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+
+
+def test_only_router_and_estimator_may_read_pods_and_nothing_else(reports: dict[str, Any]) -> None:
+    report = reports["default"]
+    (role,) = of_kind(report, "Role").values()
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    (binding,) = of_kind(report, "RoleBinding").values()
+    (account,) = of_kind(report, "ServiceAccount").values()
+    assert binding["subjects"][0]["name"] == account["metadata"]["name"]
+    for workload in [*of_kind(report, "Deployment").values(), *of_kind(report, "StatefulSet").values()]:
+        pod, name = workload["spec"]["template"]["spec"], workload["metadata"]["labels"]["app.kubernetes.io/component"]
+        reads = name in ("router", "estimator")
+        assert pod["automountServiceAccountToken"] is reads
+        assert (pod.get("serviceAccountName") == account["metadata"]["name"]) is reads
+
+
+def test_network_policies_admit_only_the_callers_of_each_port(reports: dict[str, Any]) -> None:
+    report = reports["default"]
+    policies = {p["metadata"]["labels"]["app.kubernetes.io/component"]: p for p in of_kind(report, "NetworkPolicy")
+                .values()}
+    assert sorted(policies) == ["engine", "estimator", "predictor", "redis", "router"]
+
+    def callers(name: str, port: int) -> list[str] | None:
+        (rule,) = [r for r in policies[name]["spec"]["ingress"] if r["ports"][0]["port"] == port]
+        if "from" not in rule:
+            return None  # anyone
+        return sorted(peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for peer in rule["from"])
+
+    assert callers("estimator", 50052) == ["router"]
+    assert callers("predictor", 50053) == ["estimator", "router"]
+    assert callers("engine", 50071) == ["estimator", "router"]
+    assert callers("router", 50051) is None and callers("engine", 8000) is None
+    redis_peers = policies["redis"]["spec"]["ingress"][0]["from"][0]["podSelector"]["matchExpressions"]
+    assert {"key": "app.kubernetes.io/instance", "operator": "In", "values": [RELEASE]} in redis_peers
+
+
+def test_autoscaling_replaces_fixed_replicas_and_traces_go_to_the_collector(reports: dict[str, Any]) -> None:
+    report = reports["paper+production"]
+    autoscalers = {h["spec"]["scaleTargetRef"]["name"]: h for h in of_kind(report, "HorizontalPodAutoscaler").values()}
+    for name in ("router", "estimator"):
+        deployment = component(report, "Deployment", name)
+        assert "replicas" not in deployment["spec"]
+        assert autoscalers[deployment["metadata"]["name"]]["spec"]["metrics"][0]["resource"]["name"] == "cpu"
+        settings = env(container(deployment, name))
+        assert settings["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector.observability.svc:4317"
+        assert settings["OTEL_TRACES_SAMPLER_ARG"] == "0.25"
+        assert settings["OTEL_RESOURCE_ATTRIBUTES"].endswith("deployment.environment=production")
+    assert component(report, "Deployment", "predictor")["spec"]["replicas"] == 2  # not autoscaled
+    predictor = container(component(report, "Deployment", "predictor"), "predictor")
+    (artifact,) = [m for m in predictor["volumeMounts"] if m["mountPath"] == "/var/lib/bear/predictor"]
+    assert artifact["subPath"] == "predictor/v3" and artifact["readOnly"] is True
+    assert component(report, "Service", "router")["spec"]["type"] == "LoadBalancer"
+    assert "volumeClaimTemplates" in component(report, "StatefulSet", "redis")["spec"]
+
+
+def test_an_external_redis_gets_its_password_from_a_secret_and_tls_files_mounted(reports: dict[str, Any]) -> None:
+    report = reports["paper+external-redis-tls"]
+    assert not of_kind(report, "StatefulSet")
+    assert not [s for s in of_kind(report, "Service").values()
+                if s["metadata"]["labels"]["app.kubernetes.io/component"] == "redis"]
+    bear_containers = [c for d in of_kind(report, "Deployment").values() for c in d["spec"]["template"]["spec"]
+                       ["containers"] if c["name"] != "vllm"]
+    assert len(bear_containers) == 3 + len(PAPER_POOLS)
+    for c in bear_containers:
+        settings = env(c)
+        assert settings["BEAR_REDIS_URL"] == "rediss://redis.cache.svc.cluster.local:6380/0"
+        assert settings["BEAR_REDIS_PASSWORD"] == {"secretKeyRef": {"name": "bear-redis", "key": "password"}}
+        assert settings["BEAR_REDIS_TLS"] == "true"
+        assert [settings[f"BEAR_REDIS_TLS_{kind}_FILE"] for kind in ("CA", "CERT", "KEY")] == [
+            "/etc/bear/redis-tls/ca.crt", "/etc/bear/redis-tls/tls.crt", "/etc/bear/redis-tls/tls.key"]
+        assert {"name": "redis-tls", "mountPath": "/etc/bear/redis-tls", "readOnly": True} in c["volumeMounts"]
+
+
+def test_the_bundled_redis_takes_the_password_from_the_secret_too(reports: dict[str, Any]) -> None:
+    redis = container(component(reports["everything-off"], "StatefulSet", "redis"), "redis")
+    assert redis["args"][-2:] == ["--requirepass", "$(REDIS_PASSWORD)"]
+    assert env(redis)["REDIS_PASSWORD"] == {"secretKeyRef": {"name": "bear-redis", "key": "password"}}
+    report = reports["everything-off"]
+    assert not of_kind(report, "NetworkPolicy") and not of_kind(report, "Role")
+    assert component(report, "Deployment", "router")["spec"]["template"]["spec"]["serviceAccountName"] == "shared"
+
+
+def test_the_predictor_artifact_can_be_baked_into_an_image(reports: dict[str, Any]) -> None:
+    predictor = component(reports["example-cpu-kind"], "Deployment", "predictor")
+    main = container(predictor, "predictor")
+    assert main["image"] == "ghcr.io/example/bear-with-predictor:2026-01"
+    assert env(main)["BEAR_PREDICTOR_MODEL_DIR"] == "/opt/bear/predictor"
+    assert [v["name"] for v in predictor["spec"]["template"]["spec"]["volumes"]] == ["tmp"]
+
+
+def test_the_notes_tell_how_to_call_route(reports: dict[str, Any]) -> None:
+    notes = reports["default"]["manifests"]["bear/templates/NOTES.txt"]
+    assert "grpcurl -plaintext -d '{\"prompt\": " in notes and "\"ttft_slo_ms\": 500}'" in notes
+    assert "bear.v1.Router/Route" in notes and f"port-forward svc/{RELEASE}-bear-router 50051:50051" in notes
+
+
+def test_the_services_are_started_with_arguments_the_cli_accepts(reports: dict[str, Any]) -> None:
+    from bear.cli.main import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices  # noqa: SLF001 (argparse's only way)
+    if "serve" not in commands:
+        pytest.skip("`bear serve` is not implemented yet (issue 6)")
+    report = reports["example-paper-pools"]
+    for workload in of_kind(report, "Deployment").values():
+        for c in workload["spec"]["template"]["spec"]["containers"]:
+            if c["name"] != "vllm":
+                parser.parse_args(c["args"])

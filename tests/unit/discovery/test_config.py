@@ -1,0 +1,41 @@
+"""Discovery settings: defaults, the environment, the pod's own namespace, and refusals naming the variable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bear.discovery.config import DiscoveryConfig
+
+
+def test_defaults_are_static_discovery_without_pools(tmp_path: Path) -> None:
+    config = DiscoveryConfig.from_environ({}, namespace_file=tmp_path / "absent")
+    assert config == DiscoveryConfig() and (config.mode, config.namespace, config.pools_file) == (
+        "static", "default", "")
+
+
+def test_every_setting_is_read(tmp_path: Path) -> None:
+    config = DiscoveryConfig.from_environ({
+        "BEAR_DISCOVERY": "Kubernetes", "BEAR_NAMESPACE": "serving", "BEAR_POOLS_FILE": "/etc/bear/pools.yaml",
+        "BEAR_DISCOVERY_WATCH_TIMEOUT_S": "60", "BEAR_DISCOVERY_BACKOFF_CAP_S": "3"}, namespace_file=tmp_path / "x")
+    assert (config.mode, config.namespace, config.pools_file, config.watch_timeout_s, config.backoff_cap_s) == (
+        "kubernetes", "serving", "/etc/bear/pools.yaml", 60.0, 3.0)
+
+
+def test_the_namespace_defaults_to_the_pods_own(tmp_path: Path) -> None:
+    namespace_file = tmp_path / "namespace"
+    namespace_file.write_text("llm-serving\n")
+    assert DiscoveryConfig.from_environ({}, namespace_file=namespace_file).namespace == "llm-serving"
+    assert DiscoveryConfig.from_environ({"BEAR_NAMESPACE": "x"}, namespace_file=namespace_file).namespace == "x"
+
+
+@pytest.mark.parametrize("environ, names", [
+    ({"BEAR_DISCOVERY": "consul"}, "BEAR_DISCOVERY"),
+    ({"BEAR_DISCOVERY_WATCH_TIMEOUT_S": "0"}, "BEAR_DISCOVERY_WATCH_TIMEOUT_S"),
+    ({"BEAR_DISCOVERY_WATCH_TIMEOUT_S": "soon"}, "BEAR_DISCOVERY_WATCH_TIMEOUT_S"),
+    ({"BEAR_DISCOVERY_BACKOFF_CAP_S": "0.01"}, "BEAR_DISCOVERY_BACKOFF_CAP_S"),
+])
+def test_bad_settings_name_the_variable(environ: dict[str, str], names: str, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=names):
+        DiscoveryConfig.from_environ(environ, namespace_file=tmp_path / "absent")

@@ -1,0 +1,77 @@
+"""The pools file: what it reads, its defaults, and refusals that name the pool and the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bear.discovery.pools import PoolsFileError, PoolSpec, StaticInstance, load_pools_file, parse_pools
+
+PAPER_POOLS = """
+pools:
+  - name: small
+    model: Qwen3-0.6B
+    input_usd_per_mtok: 0.044
+    output_usd_per_mtok: 0.173
+    selector: {app.kubernetes.io/instance: bear, bear.dev/pool: small}
+  - name: large
+    model: Qwen3-32B
+    input_usd_per_mtok: 0.287
+    output_usd_per_mtok: 0.640
+    http_port: 8080
+    snapshotter_grpc_port: 50099
+    instances:
+      - {id: large-0, endpoint: "http://127.0.0.1:8080", snapshotter: "127.0.0.1:50099"}
+"""
+
+
+def test_a_pools_file_is_read_with_its_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "pools.yaml"
+    path.write_text(PAPER_POOLS)
+    small, large = load_pools_file(path)
+    assert small == PoolSpec("small", "Qwen3-0.6B", 0.044, 0.173,
+                             {"app.kubernetes.io/instance": "bear", "bear.dev/pool": "small"})
+    assert (small.http_port, small.snapshotter_grpc_port, small.instances) == (8000, 50071, ())
+    assert small.label_selector == "app.kubernetes.io/instance=bear,bear.dev/pool=small"
+    assert (large.http_port, large.snapshotter_grpc_port, large.selector) == (8080, 50099, {})
+    assert large.instances == (StaticInstance("large-0", "http://127.0.0.1:8080", "127.0.0.1:50099"),)
+
+
+def _pool(**fields: Any) -> dict[str, Any]:
+    return {"pools": [{"name": "small", "model": "m", **fields}]}
+
+
+@pytest.mark.parametrize("document, message", [
+    (None, "`pools` list"),
+    ({"pools": {"small": {}}}, "`pools` list"),
+    ({"pools": ["small"]}, r"pools\[0\] must be a mapping"),
+    ({"pools": [{"name": "Small_Pool", "model": "m"}]}, r"pools\[0\].name must be a DNS label"),
+    (_pool(model=""), "pool small.model"),
+    (_pool(input_usd_per_mtok=-1), "pool small.input_usd_per_mtok"),
+    (_pool(output_usd_per_mtok="cheap"), "pool small.output_usd_per_mtok"),
+    (_pool(http_port=0), "pool small.http_port"),
+    (_pool(snapshotter_grpc_port=True), "pool small.snapshotter_grpc_port"),
+    (_pool(selector={"bear.dev/pool": 3}), "pool small.selector"),
+    (_pool(replicas=2), r"unknown field\(s\) replicas"),
+    (_pool(instances=[{"id": "a", "endpoint": "127.0.0.1:8000"}]), r"pool small.instances\[0\].endpoint"),
+    (_pool(instances=[{"endpoint": "http://a"}]), r"pool small.instances\[0\].id"),
+    (_pool(instances=[{"id": "a", "endpoint": "http://a", "port": 1}]), "unknown field"),
+    ({"pools": [{"name": "a", "model": "m"}, {"name": "a", "model": "n"}]}, "unique: a repeated"),
+    ({"pools": [{"name": "a", "model": "m", "instances": [{"id": "x", "endpoint": "http://1"}]},
+                {"name": "b", "model": "m", "instances": [{"id": "x", "endpoint": "http://2"}]}]},
+     "instance ids must be unique across pools: x"),
+])
+def test_bad_pools_are_refused_with_the_field_named(document: Any, message: str) -> None:
+    with pytest.raises(PoolsFileError, match=message):
+        parse_pools(document)
+
+
+def test_unreadable_or_non_yaml_files_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(PoolsFileError, match="cannot read"):
+        load_pools_file(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pools: [unclosed")
+    with pytest.raises(PoolsFileError, match="not YAML"):
+        load_pools_file(bad)
