@@ -6,11 +6,15 @@ and is rebuilt within one snapshot interval.
     bear:snapshot:<id>             InstanceSnapshot, the latest one, with the same TTL
     bear:coefficients:<id>         BatchTimeCoefficients, the latest fit, with the same TTL
     channel bear:snapshots         every published InstanceSnapshot (it carries the instance id and the coefficients)
+    bear:dispatch:<request id>     DispatchRecord of a routed query (router → estimator), with a TTL (DISPATCH_TTL_S)
+    bear:dispatches:<id>           sorted set: request ids routed to the instance → dispatch time (Unix seconds);
+                                   entries older than DISPATCH_TTL_S are trimmed by the writer
 """
 
 from __future__ import annotations
 
 INSTANCES = "bear:instances"
+DISPATCH_TTL_S = 600.0  # a dispatch record outlives any request BEAR estimates for
 SNAPSHOTS_CHANNEL = "bear:snapshots"
 
 
@@ -24,3 +28,11 @@ def snapshot_key(instance_id: str) -> str:
 
 def coefficients_key(instance_id: str) -> str:
     return f"bear:coefficients:{instance_id}"
+
+
+def dispatch_key(request_id: str) -> str:
+    return f"bear:dispatch:{request_id}"
+
+
+def dispatches_key(instance_id: str) -> str:
+    return f"bear:dispatches:{instance_id}"

@@ -1,0 +1,144 @@
+"""How every BEAR gRPC service runs (router, estimator, predictor): one grpc.aio server with the service's servicers,
+`grpc.health.v1`, server reflection, OpenTelemetry spans for every call (configured by the standard OTEL_*
+variables), Prometheus metrics over HTTP, and a graceful shutdown on SIGTERM/SIGINT (health turns NOT_SERVING, calls
+in flight finish within the grace period).
+
+Tracing: with `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_TRACES_EXPORTER=otlp`) spans go to an OTLP collector over gRPC
+(or `OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf`); `OTEL_TRACES_EXPORTER=console` prints them; otherwise spans are
+created (so that context propagates between services) but not exported. `OTEL_SERVICE_NAME` and
+`OTEL_RESOURCE_ATTRIBUTES` name the service as usual.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
+logger = logging.getLogger("bear.service")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    service_name: str  # e.g. "bear-router": OTel service name unless OTEL_SERVICE_NAME says otherwise
+    host: str = "[::]"
+    grpc_port: int = 0  # 0: any free port
+    metrics_port: int | None = 9464  # Prometheus /metrics; None: not served
+    shutdown_grace_s: float = 5.0
+
+
+def configure_tracing(service_name: str, environ: Mapping[str, str] = os.environ,
+                      extra_processors: Iterable[SpanProcessor] = ()) -> TracerProvider:
+    """Installs the process's tracer provider from the OTEL_* variables (once; later calls return it)."""
+    current = trace.get_tracer_provider()
+    if isinstance(current, TracerProvider):
+        for processor in extra_processors:
+            current.add_span_processor(processor)
+        return current
+    name = environ.get("OTEL_SERVICE_NAME") or service_name
+    provider = TracerProvider(resource=Resource.create({"service.name": name}))
+    exporter_names = {e.strip() for e in environ.get("OTEL_TRACES_EXPORTER", "").split(",") if e.strip()}
+    if "console" in exporter_names:
+        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+    if "otlp" in exporter_names or (environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") and "none" not in exporter_names):
+        provider.add_span_processor(BatchSpanProcessor(_otlp_exporter(environ)))
+    for processor in extra_processors:
+        provider.add_span_processor(processor)
+    trace.set_tracer_provider(provider)
+    return provider
+
+
+def _otlp_exporter(environ: Mapping[str, str]):  # noqa: ANN202 - an OTLP span exporter
+    if environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc") == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    else:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # type: ignore[no-redef]
+    return OTLPSpanExporter()
+
+
+def client_interceptors() -> list[grpc.aio.ClientInterceptor]:
+    """Interceptors for outbound channels: spans and trace-context propagation."""
+    from opentelemetry.instrumentation.grpc import aio_client_interceptors
+
+    return list(aio_client_interceptors())
+
+
+Register = Callable[[grpc.aio.Server], Iterable[str]]  # adds servicers, returns their full service names
+
+
+class RunningServer:
+    """A started server: its port, health, and how to stop it."""
+
+    def __init__(self, server: grpc.aio.Server, port: int, health_servicer: health.HealthServicer,
+                 names: list[str], grace_s: float) -> None:
+        self.server, self.port, self.health, self.names, self.grace_s = server, port, health_servicer, names, grace_s
+
+    def set_serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ["", *self.names]:
+            self.health.set(name, status)
+
+    async def stop(self) -> None:
+        self.set_serving(False)
+        await self.server.stop(self.grace_s)
+
+
+async def start_server(settings: ServerSettings, register: Register) -> RunningServer:
+    """Builds and starts the server (call from the event loop that will run it)."""
+    from opentelemetry.instrumentation.grpc import aio_server_interceptor
+
+    server = grpc.aio.server(interceptors=[aio_server_interceptor()])
+    names = list(register(server))
+    health_servicer = health.HealthServicer(experimental_non_blocking=True)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server)
+    port = server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")
+    if port == 0:
+        raise OSError(f"cannot listen on {settings.host}:{settings.grpc_port}")
+    await server.start()
+    running = RunningServer(server, port, health_servicer, names, settings.shutdown_grace_s)
+    running.set_serving(True)
+    return running
+
+
+def start_metrics(port: int | None) -> int | None:
+    """Serves Prometheus /metrics (the default registry) on `port` (0: any); returns the port."""
+    if port is None:
+        return None
+    from prometheus_client import start_http_server
+
+    server, _ = start_http_server(port)
+    return server.server_port
+
+
+async def serve_until_stopped(settings: ServerSettings, register: Register,
+                              on_ready: Callable[[int, int | None], None] = lambda port, metrics: None,
+                              background: Iterable[Callable[[], Awaitable[None]]] = ()) -> None:
+    """Runs the service until SIGTERM/SIGINT; `background` tasks run alongside and are cancelled at shutdown."""
+    configure_tracing(settings.service_name)
+    running = await start_server(settings, register)
+    metrics_port = start_metrics(settings.metrics_port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    tasks = [asyncio.create_task(task()) for task in background]
+    logger.info("%s listening on port %d (metrics: %s)", settings.service_name, running.port, metrics_port)
+    on_ready(running.port, metrics_port)
+    await stop.wait()
+    logger.info("%s shutting down", settings.service_name)
+    for task in tasks:
+        task.cancel()
+    await running.stop()
