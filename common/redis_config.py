@@ -11,7 +11,7 @@
     BEAR_REDIS_EMBEDDED_PATH  database file of the embedded Redis (default: bear-redis.db in the temporary folder);
                               services of one machine that name the same file share one server
 
-Nothing here imports the Redis client until `connect` is called.
+Nothing here imports the Redis client until `connect` (or `connect_async`, for asyncio services) is called.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     import redis
+    import redis.asyncio
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
@@ -93,6 +94,11 @@ def connect(config: RedisConfig) -> redis.Redis:
 
     import redis
 
+    url, options = _url_and_options(config)
+    return redis.Redis.from_url(url, **options)
+
+
+def _url_and_options(config: RedisConfig) -> tuple[str, dict[str, object]]:
     url, options = config.url, {"password": config.password, "socket_timeout": config.timeout_s}
     if not url.startswith("unix://"):
         options["socket_connect_timeout"] = config.timeout_s
@@ -100,7 +106,24 @@ def connect(config: RedisConfig) -> redis.Redis:
         url = "rediss://" + url.split("://", 1)[1]  # the scheme selects the TLS connection class
         options.update(ssl_ca_certs=config.tls_ca_file, ssl_certfile=config.tls_cert_file,
                        ssl_keyfile=config.tls_key_file)
-    return redis.Redis.from_url(url, **options)
+    return url, options
+
+
+_embedded_servers: dict[str, redis.Redis] = {}  # embedded servers started for asyncio clients, kept for the process
+
+
+def connect_async(config: RedisConfig) -> redis.asyncio.Redis:
+    """An asyncio client for the configured Redis, with the same options as `connect`. With no URL, the embedded
+    server is started (or joined) as `connect` does and reached over its unix socket; it runs until the process ends."""
+    import redis.asyncio
+
+    if config.embedded:
+        server = _embedded_servers.get(config.embedded_path)
+        if server is None:
+            server = _embedded_servers[config.embedded_path] = connect(config)
+        return redis.asyncio.Redis(unix_socket_path=server.socket_file, socket_timeout=config.timeout_s)
+    url, options = _url_and_options(config)
+    return redis.asyncio.Redis.from_url(url, **options)
 
 
 def parse_bool(text: str, name: str) -> bool:

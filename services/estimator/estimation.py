@@ -8,6 +8,10 @@ before it arrived run without it), the step still executing when the snapshot wa
 the first replayed step, and requests dispatched since the snapshot join the queue at their own dispatch times,
 ahead of the query. Residents' remaining output lengths come from their predicted length at dispatch, conditioned on
 what they have generated (`RemainingTokens`). A missing or too old snapshot falls back to the LPS closed form.
+
+The estimator service (`bear.estimator.snapshot_feed`) resolves residents' remaining lengths before it adopts a
+snapshot (`resident_lengths` gives the inputs, the `remaining` passed to `update_snapshot` the answers), so that
+adopting a snapshot never waits on the predictor. An instance id the estimator does not know is answered NONE.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from bear.core.lps import LpsParameters, lps_ttft_s
 from bear.core.prefill_throughput import prefill_throughput_ttft_s
 from bear.core.replay import PreparedState, Target, estimate_many, prepare
 from bear.core.result import ReplayStatus
-from bear.core.state import Arrival, Query, ResidentRequest
+from bear.core.state import Arrival, InvalidState, Query, ResidentRequest
 from bear.core.wire import state_from_snapshot
 from bear.v1 import snapshot_pb2
 
@@ -77,6 +81,7 @@ class _Instance:
     model: str
     snapshot: snapshot_pb2.InstanceSnapshot | None = None
     prepared: PreparedState | None = None
+    pending_decode_tokens: float = 0.0  # Σ residents' remaining output tokens in `prepared`
     calibration: Calibration | None = None
     dispatches: dict[str, Dispatch] = field(default_factory=dict)  # by request id
 
@@ -84,16 +89,40 @@ class _Instance:
 class Estimator:
     def __init__(self, remaining: RemainingTokens, mean_output_tokens: Mapping[str, float], *,
                  max_snapshot_age_s: float = 2.0, dispatch_ttl_s: float = 600.0,
-                 request_key: Callable[[str], str] = lambda engine_id: engine_id) -> None:
+                 request_key: Callable[[str], str] = lambda engine_id: engine_id,
+                 default_output_tokens: float = 256.0) -> None:
         self._remaining = remaining
         self._mean_output_tokens = dict(mean_output_tokens)  # a resident's length when its dispatch is unknown
+        self._default_output_tokens = default_output_tokens  # the same, for a model without a mean
         self._max_age_s = max_snapshot_age_s
         self._dispatch_ttl_s = dispatch_ttl_s
         self._request_key = request_key  # the router's request id of an engine's request id
         self._instances: dict[str, _Instance] = {}
 
     def add_instance(self, instance_id: str, model: str) -> None:
-        self._instances.setdefault(instance_id, _Instance(model))
+        """Knows `instance_id` from now on (an instance already known keeps its state; a new model name is adopted)."""
+        instance = self._instances.setdefault(instance_id, _Instance(model))
+        if model:
+            instance.model = model
+
+    def remove_instance(self, instance_id: str) -> None:
+        self._instances.pop(instance_id, None)
+
+    def instance_ids(self) -> list[str]:
+        """The known instances, in the order they became known."""
+        return list(self._instances)
+
+    def knows(self, instance_id: str) -> bool:
+        return instance_id in self._instances
+
+    def model(self, instance_id: str) -> str:
+        return self._instance(instance_id).model
+
+    def calibration(self, instance_id: str) -> Calibration | None:
+        return self._instance(instance_id).calibration
+
+    def has_dispatch(self, instance_id: str, request_id: str) -> bool:
+        return request_id in self._instance(instance_id).dispatches
 
     def set_calibration(self, instance_id: str, calibration: Calibration) -> None:
         self._instance(instance_id).calibration = calibration
@@ -102,30 +131,41 @@ class Estimator:
         instance = self._instance(dispatch.instance_id)
         instance.dispatches[dispatch.request_id] = dispatch
 
-    def update_snapshot(self, snapshot: snapshot_pb2.InstanceSnapshot, now_s: float) -> None:
+    def update_snapshot(self, snapshot: snapshot_pb2.InstanceSnapshot, now_s: float,
+                        remaining: RemainingTokens | None = None) -> bool:
         """Adopts a newer snapshot (an older one is ignored; the same state found current later refreshes its age)
-        and prepares it for replays."""
+        and prepares it for replays; `remaining` replaces the estimator's own for this snapshot. Returns whether the
+        snapshot was adopted. A snapshot the replay cannot use raises InvalidState and leaves the previous one."""
         instance = self._instance(snapshot.instance_id)
         current = instance.snapshot
         if current is not None and snapshot.taken_at_s <= current.taken_at_s:
             if snapshot.taken_at_s == current.taken_at_s and snapshot.read_at_s > current.read_at_s:
                 current.read_at_s = snapshot.read_at_s
-            return
+            return False
         cutoff = now_s - self._dispatch_ttl_s
         instance.dispatches = {k: d for k, d in instance.dispatches.items() if d.dispatched_at_s >= cutoff}
-        instance.snapshot = snapshot
-        remaining = self._residents_remaining(instance, (*snapshot.running, *snapshot.waiting))
-        instance.prepared = prepare(state_from_snapshot(snapshot, lambda r: remaining[r.request_id]))
+        lengths = self._residents_remaining(instance, (*snapshot.running, *snapshot.waiting),
+                                            remaining or self._remaining)
+        prepared = prepare(state_from_snapshot(snapshot, lambda r: lengths[r.request_id]))
+        instance.snapshot, instance.prepared = snapshot, prepared
+        instance.pending_decode_tokens = float(sum(lengths.values()))
+        return True
+
+    def resident_lengths(self, snapshot: snapshot_pb2.InstanceSnapshot
+                         ) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """What `update_snapshot` will ask `RemainingTokens` for the snapshot's residents: by model, (predicted output
+        tokens at dispatch, tokens generated, max_tokens with 0 for none)."""
+        groups = self._resident_groups(self._instance(snapshot.instance_id), (*snapshot.running, *snapshot.waiting))
+        return {model: (predicted, generated, max_tokens) for model, (_, predicted, generated, max_tokens, _)
+                in groups.items()}
 
     def snapshot(self, instance_id: str) -> snapshot_pb2.InstanceSnapshot | None:
         return self._instance(instance_id).snapshot
 
     def pending_decode_tokens(self, instance_id: str) -> float | None:
         """Predicted output tokens still to come over the instance's residents (from its latest snapshot)."""
-        prepared = self._instance(instance_id).prepared
-        if prepared is None:
-            return None
-        return float(sum(r.remaining_output_tokens for r in (*prepared.state.running, *prepared.state.waiting)))
+        instance = self._instance(instance_id)
+        return None if instance.prepared is None else instance.pending_decode_tokens
 
     def estimate(self, query: Query, instance_ids: Iterable[str], now_s: float,
                  horizon_s: float = math.inf) -> list[TtftEstimate]:
@@ -134,7 +174,10 @@ class Estimator:
         replayable, targets, ages = [], [], []
         estimates: dict[str, TtftEstimate] = {}
         for instance_id in ids:
-            instance = self._instance(instance_id)
+            if instance_id not in self._instances:
+                estimates[instance_id] = TtftEstimate(instance_id, None, Method.NONE, reason="unknown instance")
+                continue
+            instance = self._instances[instance_id]
             snapshot, age = instance.snapshot, None
             if snapshot is not None:
                 # An idle engine writes nothing new: its state is as old as the last time it was found current.
@@ -146,7 +189,11 @@ class Estimator:
             ages.append(age)
             targets.append(self._target(instance, snapshot, query, now_s - snapshot.taken_at_s))
         for instance_id, age, target, result in zip(replayable, ages, targets,
-                                                    estimate_many(query, targets, horizon_s=horizon_s), strict=True):
+                                                    _replay_each(query, targets, horizon_s), strict=True):
+            if isinstance(result, InvalidState):
+                estimates[instance_id] = TtftEstimate(instance_id, None, Method.NONE, age,
+                                                      reason=f"cannot replay: {result}")
+                continue
             estimates[instance_id] = self._from_replay(instance_id, self._instance(instance_id), target, query, age,
                                                        result)
         return [estimates[i] for i in ids]
@@ -160,6 +207,7 @@ class Estimator:
                     ResidentRequest(d.request_id, d.num_prompt_tokens, 0, 0, max(1, round(d.predicted_output_tokens))))
             for d in sorted(instance.dispatches.values(), key=lambda d: d.dispatched_at_s)
             if d.dispatched_at_s > snapshot.taken_at_s and d.request_id not in known and d.request_id != query.id
+            and 0 < d.num_prompt_tokens < snapshot.engine.max_model_len  # vLLM rejects longer prompts at once
         )
         return Target(instance.prepared, instance.calibration.coefficients, query_time_s=since_taken_s,
                       in_flight_s=in_flight_s(snapshot, instance.calibration.coefficients), arrivals=arrivals)
@@ -187,31 +235,57 @@ class Estimator:
                                 reason=f"{why}: LPS closed form")
         return TtftEstimate(instance_id, None, Method.NONE, age, reason=f"{why}, no LPS parameters")
 
-    def _residents_remaining(self, instance: _Instance,
-                             residents: tuple[snapshot_pb2.RequestState, ...]) -> dict[str, int]:
+    def _residents_remaining(self, instance: _Instance, residents: tuple[snapshot_pb2.RequestState, ...],
+                             remaining: RemainingTokens) -> dict[str, int]:
         """Each resident's expected output tokens still to come, the token in flight included (at least 1)."""
+        lengths: dict[str, int] = {}
+        for model, (group, predicted, generated, max_tokens, in_flight) in self._resident_groups(
+                instance, residents).items():
+            expected = remaining(model, predicted, generated, max_tokens)
+            for request, value, flight in zip(group, expected, in_flight, strict=True):
+                lengths[request.request_id] = max(1, round(float(value) + flight))
+        return lengths
+
+    def _resident_groups(self, instance: _Instance, residents: tuple[snapshot_pb2.RequestState, ...]
+                         ) -> dict[str, tuple[list[snapshot_pb2.RequestState], np.ndarray, np.ndarray, np.ndarray,
+                                              np.ndarray]]:
+        """Residents by model: (requests, predicted length, generated tokens with those in flight, max_tokens,
+        tokens in flight)."""
         by_model: dict[str, list[tuple[snapshot_pb2.RequestState, float]]] = {}
         for request in residents:
             dispatch = instance.dispatches.get(self._request_key(request.request_id))
             model = dispatch.model if dispatch is not None else instance.model
             predicted = (dispatch.predicted_output_tokens if dispatch is not None
-                         else self._mean_output_tokens.get(model, 256.0))
+                         else self._mean_output_tokens.get(model, self._default_output_tokens))
             by_model.setdefault(model, []).append((request, predicted))
-        remaining: dict[str, int] = {}
+        groups = {}
         for model, group in by_model.items():
             in_flight = np.array([r.num_output_placeholders for r, _ in group], dtype=np.float64)
             generated = np.array([r.num_output_tokens for r, _ in group], dtype=np.float64) + in_flight
-            expected = self._remaining(model, np.array([p for _, p in group], dtype=np.float64), generated,
-                                       np.array([r.max_tokens for r, _ in group], dtype=np.float64))
-            for (request, _), value, flight in zip(group, expected, in_flight, strict=True):
-                remaining[request.request_id] = max(1, round(float(value) + flight))
-        return remaining
+            groups[model] = ([r for r, _ in group], np.array([p for _, p in group], dtype=np.float64), generated,
+                             np.array([r.max_tokens for r, _ in group], dtype=np.float64), in_flight)
+        return groups
 
     def _instance(self, instance_id: str) -> _Instance:
         try:
             return self._instances[instance_id]
         except KeyError:
             raise KeyError(f"unknown instance {instance_id!r}") from None
+
+
+def _replay_each(query: Query, targets: list[Target], horizon_s: float) -> list:  # ReplayResult | InvalidState
+    """All targets in one call; if one of them cannot be replayed (InvalidState), each alone, so that one bad target
+    does not cost the others their estimate."""
+    try:
+        return estimate_many(query, targets, horizon_s=horizon_s)
+    except InvalidState:
+        results: list = []
+        for target in targets:
+            try:
+                results.extend(estimate_many(query, [target], horizon_s=horizon_s))
+            except InvalidState as error:
+                results.append(error)
+        return results
 
 
 def in_flight_s(snapshot: snapshot_pb2.InstanceSnapshot, coefficients: BatchTimeCoefficients) -> float:

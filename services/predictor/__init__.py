@@ -2,5 +2,6 @@
 running request, the expected remaining output. Trained from an operator's evaluation table (or the synthetic demo
 table); see README.md here for the formulas.
 
-Nothing here imports gRPC; nothing is read at import time.
+The service (`bear serve predictor`: `config`, `wire`, `server`, `main`) serves a trained artifact over gRPC
+(bear.v1.Predictor); the other modules are its domain and import no gRPC. Nothing is read at import time.
 """

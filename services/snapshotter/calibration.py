@@ -5,7 +5,9 @@ squares on relative error (`bear.core.batch_time.fit`), made robust by trimming:
 error is far outside the typical one (beyond OUTLIER_MADS robust standard deviations, and beyond MIN_OUTLIER_ERROR) are
 left out and the fit is repeated, at most MAX_TRIM_ROUNDS times. Stalls of the host (a garbage collection, a page
 fault storm, a noisy neighbour) make a few steps several times longer than the model can explain; they would otherwise
-pull every coefficient up. The fit is published with its MAPE on the steps kept, their number, and the number trimmed.
+pull every coefficient up. The fit is published with its MAPE on the steps kept, their number, and the number trimmed,
+together with the prefill throughput θ of eq. 8 (`bear.core.prefill_throughput`) on the same kept steps (0 when none
+of them has prefill tokens).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from bear.core.batch_time import BatchFeatures, CalibrationFit, fit
+from bear.core.prefill_throughput import fit_prefill_throughput
 from bear.core.wire import coefficients_to_proto, samples_from_records
 from bear.v1 import calibration_pb2
 
@@ -53,17 +56,25 @@ class OnlineCalibrator:
             return None
         self._last_fit_at_s, self._num_new = now_s, 0
         try:
-            result, num_outliers = robust_fit(list(self._samples))
+            result, kept = trimmed_fit(list(self._samples))
         except ValueError:  # no usable step (e.g. only empty batches)
             return None
         message = coefficients_to_proto(result, fitted_at_s=now_s)
-        message.num_outliers = num_outliers
+        message.num_outliers = len(self._samples) - len(kept)
+        message.prefill_tokens_per_s = prefill_throughput_or_zero(kept)
         self.latest = message
         return message
 
 
 def robust_fit(samples: list[tuple[BatchFeatures, float]]) -> tuple[CalibrationFit, int]:
     """Eq. 12 fitted with outliers trimmed; returns the fit on the kept samples and how many were trimmed."""
+    result, kept = trimmed_fit(samples)
+    return result, len(samples) - len(kept)
+
+
+def trimmed_fit(samples: list[tuple[BatchFeatures, float]]
+                ) -> tuple[CalibrationFit, list[tuple[BatchFeatures, float]]]:
+    """Eq. 12 fitted with outliers trimmed; returns the fit and the samples it was fitted on."""
     kept = [(f, t) for f, t in samples if math.isfinite(t) and t > 0 and f.num_tokens > 0]
     result = fit(kept)
     for _ in range(MAX_TRIM_ROUNDS):
@@ -76,7 +87,15 @@ def robust_fit(samples: list[tuple[BatchFeatures, float]]) -> tuple[CalibrationF
             break
         kept = [sample for sample, keep in zip(kept, inliers) if keep]
         result = fit(kept)
-    return result, len(samples) - len(kept)
+    return result, kept
+
+
+def prefill_throughput_or_zero(samples: list[tuple[BatchFeatures, float]]) -> float:
+    """Eq. 8's θ (prefill tokens per second) on `samples`; 0 when none of them has prefill tokens."""
+    try:
+        return fit_prefill_throughput(samples)
+    except ValueError:
+        return 0.0
 
 
 def relative_errors(result: CalibrationFit, samples: list[tuple[BatchFeatures, float]]) -> np.ndarray:

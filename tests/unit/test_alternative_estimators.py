@@ -63,7 +63,7 @@ def test_lps_matches_a_simulated_limited_processor_sharing_queue() -> None:
     arrivals = np.cumsum(rng.exponential(1 / alpha, 200_000))
     # Under LPS with equal sharing, completions happen at rate mu whenever anyone is in service (memoryless), so the
     # resident count is an M/M/1 chain; a query waits for n - k + 1 completions if it finds n >= k residents.
-    waits, completions, t, n = [], [], 0.0, 0
+    waits, completions, n = [], [], 0
     next_completion = math.inf
     for arrival in arrivals:
         while next_completion <= arrival:

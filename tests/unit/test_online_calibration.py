@@ -7,6 +7,7 @@ import random
 import pytest
 
 from bear.core.batch_time import BatchTimeCoefficients, fit
+from bear.core.prefill_throughput import fit_prefill_throughput
 from bear.core.wire import features_from_record, samples_from_records
 from bear.snapshotter.calibration import OnlineCalibrator, robust_fit
 from bear.v1 import calibration_pb2
@@ -88,3 +89,36 @@ def test_a_fit_needs_more_than_a_handful_of_inliers() -> None:
     samples = samples_from_records([step(rng) for _ in range(6)])
     result, outliers = robust_fit(samples)
     assert result.num_samples + outliers == 6
+
+
+def test_the_fit_carries_the_prefill_throughput_of_the_same_steps() -> None:
+    rng = random.Random(6)
+    records = [step(rng) for _ in range(400)]
+    calibrator = OnlineCalibrator(window=500, min_samples=50, refit_interval_s=0)
+    calibrator.add(records)
+    fitted = calibrator.refit_if_due(0.0)
+    assert fitted is not None
+    assert fitted.prefill_tokens_per_s == pytest.approx(fit_prefill_throughput(samples_from_records(records)))
+
+
+def test_stalled_steps_do_not_drag_the_prefill_throughput_down() -> None:
+    rng = random.Random(7)
+    clean = [step(rng) for _ in range(500)]
+    stalled = [step(rng, stall=20.0) if i % 10 == 0 else record for i, record in enumerate(clean)]
+    calibrator = OnlineCalibrator(window=500, min_samples=50, refit_interval_s=0)
+    calibrator.add(stalled)
+    fitted = calibrator.refit_if_due(0.0)
+    assert fitted is not None and fitted.num_outliers > 0
+    assert fitted.prefill_tokens_per_s == pytest.approx(fit_prefill_throughput(samples_from_records(clean)), rel=0.1)
+
+
+def test_a_window_without_prefill_has_no_prefill_throughput() -> None:
+    rng = random.Random(8)
+    records = [step(rng) for _ in range(100)]
+    for record in records:
+        del record.entries[:]
+        record.entries.add(num_decode_tokens=1, num_context_tokens=rng.randint(10, 4000))
+    calibrator = OnlineCalibrator(window=200, min_samples=50, refit_interval_s=0)
+    calibrator.add(records)
+    fitted = calibrator.refit_if_due(0.0)
+    assert fitted is not None and fitted.prefill_tokens_per_s == 0.0

@@ -1,0 +1,88 @@
+"""Where a service's settings come from: command-line flags over the environment over an optional YAML file.
+
+Every setting has one name, its environment variable (e.g. BEAR_MAX_SNAPSHOT_AGE_S). In the file it is written
+without the `BEAR_` prefix, in lower case; values are scalars:
+
+    max_snapshot_age_s: 1.0
+    redis_url: redis://redis:6379/0
+    estimator_metrics_port: off
+
+`layered_environ` merges the three sources into one mapping of environment strings, which the service's config then
+parses once (its `from_environ`), so that a value means the same wherever it was given. A key the file should not
+have (a typo, another service's setting) is an error that names it. Standard library and PyYAML only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+PREFIX = "BEAR_"
+
+
+class ConfigFileError(ValueError):
+    """A config file that cannot be used; the message names the file and the key."""
+
+
+def layered_environ(environ: Mapping[str, str], config_file: str | Path | None, flags: Mapping[str, object],
+                    known: Iterable[str]) -> dict[str, str]:
+    """The file's settings, overridden by the environment's, overridden by the flags given (None: not given);
+    `flags` and the file are keyed by environment variable and by file key respectively, both among `known`."""
+    known = set(known)
+    merged = dict(read_config_file(Path(config_file), known)) if config_file else {}
+    merged.update(environ)
+    merged.update({name: _text(value) for name, value in flags.items() if value is not None})
+    return merged
+
+
+def read_config_file(path: Path, known: set[str]) -> dict[str, str]:
+    """The file's settings by environment variable name."""
+    import yaml
+
+    try:
+        document = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as error:
+        raise ConfigFileError(f"config file {path}: {error}") from None
+    if not isinstance(document, Mapping):
+        raise ConfigFileError(f"config file {path}: expected a mapping of settings, got {type(document).__name__}")
+    settings = {}
+    for key, value in document.items():
+        name = PREFIX + str(key).upper()
+        if name not in known:
+            names = ", ".join(sorted(n.removeprefix(PREFIX).lower() for n in known))
+            raise ConfigFileError(f"config file {path}: unknown setting {key!r} (known: {names})")
+        if isinstance(value, (Mapping, list)):
+            raise ConfigFileError(f"config file {path}: {key} must be a single value")
+        if value is not None:
+            settings[name] = _text(value)
+    return settings
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def env_int(environ: Mapping[str, str], name: str, default: int) -> int:
+    text = environ.get(name, "").strip()
+    try:
+        return int(text) if text else default
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {text!r}") from None
+
+
+def env_float(environ: Mapping[str, str], name: str, default: float) -> float:
+    text = environ.get(name, "").strip()
+    try:
+        return float(text) if text else default
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {text!r}") from None
+
+
+def env_optional_port(environ: Mapping[str, str], name: str, default: int | None) -> int | None:
+    """A port number, 0 for any free one, or `off` (also `none`, `false`) for none."""
+    text = environ.get(name, "").strip().lower()
+    if text in ("off", "none", "false"):
+        return None
+    return env_int(environ, name, default) if text else default

@@ -1,0 +1,126 @@
+"""Settings of the estimator service, read once at start-up: the only place here that reads the environment.
+
+Flags over the environment over an optional YAML file (`bear.common.config_sources`; in the file, the names below
+without BEAR_, in lower case):
+
+    BEAR_ESTIMATOR_HOST                 listen address (default [::])
+    BEAR_ESTIMATOR_GRPC_PORT            gRPC port, 0 for any free one (default 50052)           --grpc-port
+    BEAR_ESTIMATOR_METRICS_PORT         Prometheus /metrics port, 0 for any, off for none (9464) --metrics-port
+    BEAR_MAX_SNAPSHOT_AGE_S             older snapshots fall back to LPS (default 2)             --max-snapshot-age-s
+    BEAR_PREDICTOR_MODEL_DIR            a predictor artifact: residents' remaining lengths computed here (preferred)
+    BEAR_PREDICTOR_ADDRESS              else host:port of the predictor service (bear.v1.Predictor/ExpectedRemaining)
+    BEAR_ESTIMATOR_PREDICTOR_TIMEOUT_MS deadline of each ExpectedRemaining call (default 100)
+    BEAR_ESTIMATOR_DEFAULT_OUTPUT_TOKENS predicted length of a resident no router recorded (default 256)
+    BEAR_ESTIMATOR_RESYNC_S             full reread of the instances and snapshots in Redis (default 1)
+    BEAR_ESTIMATOR_DISPATCH_POLL_MS     reread of the dispatches routed since each snapshot (default 50)
+    BEAR_ESTIMATOR_FORGET_AFTER_S       an instance absent from Redis this long is forgotten (default 60)
+    BEAR_LPS_WINDOW_S                   window of the LPS measurements (default 60)
+    BEAR_SHUTDOWN_GRACE_S               calls in flight may finish this long after SIGTERM (default 5)
+
+plus Redis (`bear.common.redis_config`: BEAR_REDIS_URL, ...; BEAR_REDIS_TIMEOUT_S is also the deadline of every
+Redis call) and discovery (`bear.discovery.config`: BEAR_DISCOVERY, BEAR_NAMESPACE, BEAR_POOLS_FILE, ...): the
+instances discovery lists are known even before their snapshotter registers, and never forgotten while listed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bear.common.config_sources import env_float, env_int, env_optional_port, layered_environ
+from bear.common.redis_config import RedisConfig
+from bear.discovery.config import DiscoveryConfig
+
+REDIS_ENVIRONMENT = ("BEAR_REDIS_URL", "BEAR_REDIS_PASSWORD", "BEAR_REDIS_TLS", "BEAR_REDIS_TLS_CA_FILE",
+                     "BEAR_REDIS_TLS_CERT_FILE", "BEAR_REDIS_TLS_KEY_FILE", "BEAR_REDIS_TIMEOUT_S",
+                     "BEAR_REDIS_EMBEDDED_PATH")
+DISCOVERY_ENVIRONMENT = ("BEAR_DISCOVERY", "BEAR_NAMESPACE", "BEAR_POOLS_FILE", "BEAR_DISCOVERY_WATCH_TIMEOUT_S",
+                         "BEAR_DISCOVERY_BACKOFF_CAP_S")
+ENVIRONMENT = (
+    "BEAR_ESTIMATOR_HOST", "BEAR_ESTIMATOR_GRPC_PORT", "BEAR_ESTIMATOR_METRICS_PORT", "BEAR_MAX_SNAPSHOT_AGE_S",
+    "BEAR_PREDICTOR_MODEL_DIR", "BEAR_PREDICTOR_ADDRESS", "BEAR_ESTIMATOR_PREDICTOR_TIMEOUT_MS",
+    "BEAR_ESTIMATOR_DEFAULT_OUTPUT_TOKENS", "BEAR_ESTIMATOR_RESYNC_S", "BEAR_ESTIMATOR_DISPATCH_POLL_MS",
+    "BEAR_ESTIMATOR_FORGET_AFTER_S", "BEAR_LPS_WINDOW_S", "BEAR_SHUTDOWN_GRACE_S",
+    *REDIS_ENVIRONMENT, *DISCOVERY_ENVIRONMENT,
+)
+FLAGS = {  # flag → (environment variable, help)
+    "--grpc-port": ("BEAR_ESTIMATOR_GRPC_PORT", "gRPC port, 0 for any free one (default 50052)"),
+    "--metrics-port": ("BEAR_ESTIMATOR_METRICS_PORT", "Prometheus /metrics port, 0 for any, off for none (9464)"),
+    "--host": ("BEAR_ESTIMATOR_HOST", "listen address (default [::])"),
+    "--max-snapshot-age-s": ("BEAR_MAX_SNAPSHOT_AGE_S", "older snapshots fall back to LPS (default 2)"),
+    "--predictor-model-dir": ("BEAR_PREDICTOR_MODEL_DIR", "predictor artifact for residents' remaining lengths"),
+    "--predictor-address": ("BEAR_PREDICTOR_ADDRESS", "else the predictor service, host:port"),
+    "--redis-url": ("BEAR_REDIS_URL", "Redis URL (default: an embedded Redis)"),
+    "--pools-file": ("BEAR_POOLS_FILE", "the pools file (bear.discovery)"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class EstimatorConfig:
+    host: str = "[::]"
+    grpc_port: int = 50052
+    metrics_port: int | None = 9464
+    max_snapshot_age_s: float = 2.0
+    predictor_model_dir: str = ""
+    predictor_address: str = ""
+    predictor_timeout_s: float = 0.1
+    default_output_tokens: float = 256.0
+    resync_interval_s: float = 1.0
+    dispatch_poll_interval_s: float = 0.05
+    forget_after_s: float = 60.0
+    lps_window_s: float = 60.0
+    shutdown_grace_s: float = 5.0
+    redis: RedisConfig = field(default_factory=RedisConfig)
+    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.grpc_port < 65536, "BEAR_ESTIMATOR_GRPC_PORT must be a port number")
+        _require(self.metrics_port is None or 0 <= self.metrics_port < 65536,
+                 "BEAR_ESTIMATOR_METRICS_PORT must be a port number or off")
+        _require(self.max_snapshot_age_s > 0, "BEAR_MAX_SNAPSHOT_AGE_S must be > 0")
+        _require(self.predictor_timeout_s > 0, "BEAR_ESTIMATOR_PREDICTOR_TIMEOUT_MS must be > 0")
+        _require(self.default_output_tokens >= 1, "BEAR_ESTIMATOR_DEFAULT_OUTPUT_TOKENS must be >= 1")
+        _require(self.resync_interval_s > 0, "BEAR_ESTIMATOR_RESYNC_S must be > 0")
+        _require(self.dispatch_poll_interval_s > 0, "BEAR_ESTIMATOR_DISPATCH_POLL_MS must be > 0")
+        _require(self.forget_after_s >= self.resync_interval_s,
+                 "BEAR_ESTIMATOR_FORGET_AFTER_S must be >= BEAR_ESTIMATOR_RESYNC_S")
+        _require(self.lps_window_s > 0, "BEAR_LPS_WINDOW_S must be > 0")
+        _require(self.shutdown_grace_s >= 0, "BEAR_SHUTDOWN_GRACE_S must be >= 0")
+        _require(not self.predictor_model_dir or Path(self.predictor_model_dir).is_dir(),
+                 f"BEAR_PREDICTOR_MODEL_DIR: {self.predictor_model_dir} is not a directory")
+
+    @staticmethod
+    def from_environ(environ: Mapping[str, str]) -> EstimatorConfig:
+        d = EstimatorConfig()
+        return EstimatorConfig(
+            host=environ.get("BEAR_ESTIMATOR_HOST") or d.host,
+            grpc_port=env_int(environ, "BEAR_ESTIMATOR_GRPC_PORT", d.grpc_port),
+            metrics_port=env_optional_port(environ, "BEAR_ESTIMATOR_METRICS_PORT", d.metrics_port),
+            max_snapshot_age_s=env_float(environ, "BEAR_MAX_SNAPSHOT_AGE_S", d.max_snapshot_age_s),
+            predictor_model_dir=environ.get("BEAR_PREDICTOR_MODEL_DIR", "").strip(),
+            predictor_address=environ.get("BEAR_PREDICTOR_ADDRESS", "").strip(),
+            predictor_timeout_s=env_float(environ, "BEAR_ESTIMATOR_PREDICTOR_TIMEOUT_MS",
+                                          d.predictor_timeout_s * 1e3) / 1e3,
+            default_output_tokens=env_float(environ, "BEAR_ESTIMATOR_DEFAULT_OUTPUT_TOKENS", d.default_output_tokens),
+            resync_interval_s=env_float(environ, "BEAR_ESTIMATOR_RESYNC_S", d.resync_interval_s),
+            dispatch_poll_interval_s=env_float(environ, "BEAR_ESTIMATOR_DISPATCH_POLL_MS",
+                                               d.dispatch_poll_interval_s * 1e3) / 1e3,
+            forget_after_s=env_float(environ, "BEAR_ESTIMATOR_FORGET_AFTER_S", d.forget_after_s),
+            lps_window_s=env_float(environ, "BEAR_LPS_WINDOW_S", d.lps_window_s),
+            shutdown_grace_s=env_float(environ, "BEAR_SHUTDOWN_GRACE_S", d.shutdown_grace_s),
+            redis=RedisConfig.from_environ(environ),
+            discovery=DiscoveryConfig.from_environ(environ),
+        )
+
+
+def load(flags: Mapping[str, object], config_file: str | None = None,
+         environ: Mapping[str, str] = os.environ) -> EstimatorConfig:
+    """The settings from the flags given (by environment variable; None: not given), the environment and the file."""
+    return EstimatorConfig.from_environ(layered_environ(environ, config_file, flags, ENVIRONMENT))
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)

@@ -1,0 +1,188 @@
+"""`bear serve estimator`: the wiring of the estimator service (configuration → domain, feed, servicer → server).
+
+Module-level imports stay light (argparse and the configuration) because `bear` imports this module to build its
+command line; the rest is imported when the service starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from bear.estimator.config import FLAGS, EstimatorConfig, load
+
+if TYPE_CHECKING:
+    from bear.common.service import RunningServer, ServerSettings
+    from bear.discovery.instances import Discovery
+
+logger = logging.getLogger("bear.estimator")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="YAML file of settings (flags and environment override it)")
+    for flag, (name, text) in FLAGS.items():
+        parser.add_argument(flag, dest=name, metavar=flag.removeprefix("--").replace("-", "_").upper(),
+                            help=f"{text}; {name}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from bear.common.service import run_event_loop
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = load({name: getattr(args, name, None) for name, _ in FLAGS.values()}, args.config)
+    except ValueError as error:
+        print(f"bear serve estimator: {error}", file=sys.stderr)
+        return 2
+    run_event_loop(serve(config, on_ready=lambda port, metrics: print(f"grpc_port={port} metrics_port={metrics}",
+                                                                      flush=True)))
+    return 0
+
+
+class EstimatorService:
+    """Everything one estimator runs: the estimator, its Redis feed, remaining lengths, the servicer. Build it on
+    the event loop that will run it."""
+
+    def __init__(self, config: EstimatorConfig, clock: Callable[[], float] = time.time) -> None:
+        from bear.common import redis_keys
+        from bear.common.redis_config import connect_async
+        from bear.estimator.estimation import Estimator
+        from bear.estimator.remaining import RemainingLengths
+        from bear.estimator.request_ids import router_request_id
+        from bear.estimator.server import EstimatorServicer
+        from bear.estimator.snapshot_feed import FeedSettings, SnapshotFeed
+
+        self.config = config
+        source, mean_lengths, self._close_source = _remaining_source(config)
+        self.remaining = RemainingLengths(source)
+        self.estimator = Estimator(self.remaining.lookup, mean_lengths, max_snapshot_age_s=config.max_snapshot_age_s,
+                                   dispatch_ttl_s=redis_keys.DISPATCH_TTL_S, request_key=router_request_id,
+                                   default_output_tokens=config.default_output_tokens)
+        self.redis = connect_async(config.redis)
+        self.discovery = _discovery(config)
+        self.feed = SnapshotFeed(
+            self.estimator, self.redis, self.remaining,
+            FeedSettings(resync_interval_s=config.resync_interval_s,
+                         dispatch_poll_interval_s=config.dispatch_poll_interval_s,
+                         redis_deadline_s=config.redis.timeout_s, forget_after_s=config.forget_after_s,
+                         lps_window_s=config.lps_window_s),
+            request_key=router_request_id, listed_instances=self._listed_instances, clock=clock)
+        self.servicer = EstimatorServicer(self.estimator, clock)
+
+    def settings(self, service_name: str = "bear-estimator") -> ServerSettings:
+        from bear.common.service import ServerSettings
+
+        c = self.config
+        return ServerSettings(service_name, c.host, c.grpc_port, c.metrics_port, c.shutdown_grace_s)
+
+    def register(self, server) -> list[str]:  # noqa: ANN001 - grpc.aio.Server
+        from bear.estimator.server import register
+
+        return register(self.servicer)(server)
+
+    async def run_background(self) -> None:
+        """The feed (and discovery's watchers) until cancelled."""
+        if self.discovery is not None:
+            try:
+                self.discovery.start()
+            except Exception:  # noqa: BLE001 - e.g. no Kubernetes credentials: Redis registrations still work
+                logger.exception("discovery did not start; instances come from Redis registrations only")
+                self.discovery = None
+        await self.feed.run()
+
+    async def close(self) -> None:
+        if self.discovery is not None:
+            self.discovery.stop()
+        await self._close_source()
+        await self.redis.aclose()
+
+    def _listed_instances(self) -> dict[str, str]:
+        if self.discovery is None:
+            return {}
+        return {i: instance.model for i, instance in self.discovery.instances().items()}
+
+
+class StartedEstimator:
+    """A running estimator (tests, `bear demo`): its port; `stop()` ends it."""
+
+    def __init__(self, service: EstimatorService, running: RunningServer, feed_task: asyncio.Task[None]) -> None:
+        self.service, self.running, self._feed_task = service, running, feed_task
+        self.port = running.port
+
+    async def stop(self) -> None:
+        self._feed_task.cancel()
+        await asyncio.gather(self._feed_task, return_exceptions=True)
+        await self.running.stop()
+        await self.service.close()
+
+
+async def start(config: EstimatorConfig, clock: Callable[[], float] = time.time) -> StartedEstimator:
+    """Starts the server and the feed on the running loop (no signal handling, no /metrics server); `clock` is the
+    wall clock (Unix seconds) snapshots are aged by."""
+    from bear.common.service import start_server
+
+    service = EstimatorService(config, clock)
+    running = await start_server(service.settings(), service.register)
+    return StartedEstimator(service, running, asyncio.create_task(service.run_background()))
+
+
+async def serve(config: EstimatorConfig,
+                on_ready: Callable[[int, int | None], None] = lambda port, metrics: None) -> None:
+    """Serves until SIGTERM/SIGINT."""
+    from bear.common.service import serve_until_stopped
+    from bear.estimator.metrics import FeedCollector, register_feed
+
+    service = EstimatorService(config)
+    unregister = register_feed(FeedCollector(service.estimator, service.feed, service.remaining))
+    logger.info("estimator: Redis %s, remaining lengths from %s, snapshots older than %.2f s fall back to LPS",
+                config.redis.describe(), _remaining_description(config), config.max_snapshot_age_s)
+    try:
+        await serve_until_stopped(service.settings(), service.register, on_ready, [service.run_background])
+    finally:
+        unregister()
+        await service.close()
+
+
+def _remaining_source(config: EstimatorConfig):  # noqa: ANN202 - (source | None, mean lengths, async close)
+    """Where residents' remaining lengths come from: the artifact here, else the predictor service, else none (the
+    stated fallback)."""
+    from pathlib import Path
+
+    from bear.estimator.remaining import artifact_source
+
+    async def nothing_to_close() -> None:
+        return None
+
+    if config.predictor_model_dir:
+        from bear.predictor.artifact import PredictorArtifact
+
+        artifact = PredictorArtifact.load(Path(config.predictor_model_dir))
+        mean_lengths = {name: baseline.output_tokens for name, baseline in artifact.baselines.items()}
+        return artifact_source(artifact.length_distributions), mean_lengths, nothing_to_close
+    if config.predictor_address:
+        from bear.estimator.predictor_client import PredictorRemainingClient
+
+        client = PredictorRemainingClient(config.predictor_address, config.predictor_timeout_s)
+        return client, {}, client.close
+    return None, {}, nothing_to_close
+
+
+def _remaining_description(config: EstimatorConfig) -> str:
+    if config.predictor_model_dir:
+        return f"the predictor artifact {config.predictor_model_dir}"
+    if config.predictor_address:
+        return f"the predictor service at {config.predictor_address}"
+    return "no predictor (fallback: predicted length minus generated tokens)"
+
+
+def _discovery(config: EstimatorConfig) -> Discovery | None:
+    if config.discovery.mode == "static" and not config.discovery.pools_file:
+        return None
+    from bear.discovery.factory import open_discovery
+
+    return open_discovery(config.discovery)

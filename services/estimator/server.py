@@ -1,0 +1,65 @@
+"""The gRPC face of the estimator (bear.v1.Estimator): thin, over `estimation.Estimator`.
+
+Estimate reads only the estimator's memory, which the snapshot feed keeps current on the same event loop: it never
+waits on Redis or the predictor. Bad input is INVALID_ARGUMENT with a message naming the field; an instance id the
+estimator does not know is answered, like one without a snapshot, with method NONE and the reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+
+import grpc
+
+from bear.estimator import metrics
+from bear.estimator.estimation import Estimator
+from bear.estimator.wire import InstanceFacts, InvalidRequest, estimate_call, instance_estimate
+from bear.v1 import estimator_pb2, estimator_pb2_grpc
+
+SERVICE_NAME = estimator_pb2.DESCRIPTOR.services_by_name["Estimator"].full_name
+
+
+class EstimatorServicer(estimator_pb2_grpc.EstimatorServicer):
+    def __init__(self, estimator: Estimator, clock: Callable[[], float] = time.time) -> None:
+        self._estimator = estimator
+        self._clock = clock
+        self._query_numbers = itertools.count()
+
+    async def Estimate(self, request: estimator_pb2.EstimateRequest,
+                       context: grpc.aio.ServicerContext) -> estimator_pb2.EstimateResponse:
+        started = time.perf_counter()
+        try:
+            call = estimate_call(request, default_query_id=f"bear-estimate-{next(self._query_numbers)}")
+        except InvalidRequest as error:
+            metrics.ERRORS.labels(code="INVALID_ARGUMENT").inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        estimator = self._estimator
+        ids = call.instance_ids or tuple(estimator.instance_ids())
+        estimates = estimator.estimate(call.query, ids, self._clock(), call.horizon_s)
+        reply = estimator_pb2.EstimateResponse()
+        for estimate in estimates:
+            reply.estimates.append(instance_estimate(estimate, self._facts(estimate.instance_id)))
+            metrics.ESTIMATES.labels(method=str(estimate.method)).inc()
+        metrics.ESTIMATE_SECONDS.observe(time.perf_counter() - started)
+        return reply
+
+    def _facts(self, instance_id: str) -> InstanceFacts:
+        if not self._estimator.knows(instance_id):
+            return InstanceFacts()
+        snapshot = self._estimator.snapshot(instance_id)
+        if snapshot is None:
+            return InstanceFacts()
+        return InstanceFacts(len(snapshot.running), len(snapshot.waiting) + snapshot.num_omitted_waiting,
+                             self._estimator.pending_decode_tokens(instance_id) or 0.0)
+
+
+def register(servicer: EstimatorServicer) -> Callable[[grpc.aio.Server], list[str]]:
+    """What `bear.common.service.start_server` calls to add the service."""
+
+    def add(server: grpc.aio.Server) -> list[str]:
+        estimator_pb2_grpc.add_EstimatorServicer_to_server(servicer, server)
+        return [SERVICE_NAME]
+
+    return add

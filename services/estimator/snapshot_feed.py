@@ -1,0 +1,384 @@
+"""Keeps the estimator current from Redis (key names: `bear.common.redis_keys`), on the service's event loop.
+
+Four loops share the loop with the Estimate calls, which only ever read the estimator's memory:
+
+- **subscription** to `bear:snapshots`: every published snapshot is offered; a snapshot not yet adopted is replaced
+  by a newer one of the same instance (only the latest matters).
+- **adoption**: the offered snapshots are adopted together. First, in one round trip, the dispatch records
+  (`bear:dispatch:<request id>`) of residents the estimator has none for, found through the engine's request ids
+  (`request_key`); then their remaining lengths (`RemainingLengths.resolve`, one call per model); then each snapshot
+  is prepared for the replay, its eq. 12 coefficients (`batch_time`) and θ become the instance's calibration, and the
+  instance's LPS measurements (`LpsTracker`) take it in. Redis or the predictor failing here costs precision
+  (mean lengths, the stated fallback), never the snapshot.
+- **resync**, at start and every `resync_interval_s`: the instances refreshed in `bear:instances` within
+  `instances_window_s`, their registrations (instance → model) and latest snapshots (which also covers what the
+  subscription missed); instances with neither for `forget_after_s` and not listed by discovery are forgotten. The
+  LPS parameters are refreshed here too, so that the arrival rate of an instance gone quiet decays.
+- **dispatch poll**, every `dispatch_poll_interval_s`: the request ids routed to each instance since its snapshot
+  (`bear:dispatches:<id>`), and their records, which the replay adds as arrivals ahead of the query.
+
+Every Redis call has a deadline (`redis_deadline_s`); a failing Redis is retried with back-off while the estimator
+keeps answering from what it holds (snapshots then age into the LPS fallback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+from redis.exceptions import RedisError
+
+from bear.common import redis_keys
+from bear.core.state import InvalidState
+from bear.estimator.estimation import Calibration, Dispatch, Estimator
+from bear.estimator.lps_tracker import LpsTracker
+from bear.estimator.remaining import RemainingLengths, Rows
+from bear.estimator.request_ids import router_request_id
+from bear.estimator.wire import coefficients_from_message, dispatch_from_record
+from bear.snapshotter.backoff import Backoff
+from bear.v1 import calibration_pb2, router_pb2, snapshot_pb2
+
+if TYPE_CHECKING:
+    import redis.asyncio
+
+logger = logging.getLogger("bear.estimator")
+
+_REDIS_ERRORS = (RedisError, OSError, TimeoutError)
+MISSING_DISPATCH_RETRY_S = 5.0  # a resident without a dispatch record is looked up again after this long
+DISPATCH_LOOKBACK_S = 10.0  # dispatches read for an instance without a snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class FeedSettings:
+    resync_interval_s: float = 1.0
+    dispatch_poll_interval_s: float = 0.05
+    redis_deadline_s: float = 1.0
+    forget_after_s: float = 60.0
+    instances_window_s: float = 600.0
+    lps_window_s: float = 60.0
+
+
+@dataclass
+class FeedStats:
+    snapshots_received: int = 0
+    snapshots_adopted: int = 0
+    snapshots_rejected: int = 0  # the replay cannot use them (InvalidState)
+    dispatches_recorded: int = 0
+    redis_failures: int = 0
+    resyncs: int = 0
+    subscribed: bool = False
+    last_resync_s: float = 0.0  # wall-clock time of the last successful resync (0: none yet)
+
+
+@dataclass
+class _Tracked:
+    """What the feed keeps per instance besides the estimator's state."""
+
+    lps: LpsTracker
+    last_seen_s: float  # in Redis or on the channel
+    batch_time: calibration_pb2.BatchTimeCoefficients | None = None
+    prefill_tokens_per_s: float | None = None  # the latest positive θ
+    missing_dispatches: dict[str, float] = field(default_factory=dict)  # request key → when it was not found
+
+
+class SnapshotFeed:
+    def __init__(self, estimator: Estimator, client: redis.asyncio.Redis, remaining: RemainingLengths,
+                 settings: FeedSettings = FeedSettings(), *,
+                 request_key: Callable[[str], str] = router_request_id,
+                 listed_instances: Callable[[], Mapping[str, str]] = dict,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._estimator = estimator
+        self._client = client
+        self._remaining = remaining
+        self._settings = settings
+        self._request_key = request_key
+        self._listed = listed_instances  # instance id → model from discovery: known whatever Redis says
+        self._clock = clock
+        self._tracked: dict[str, _Tracked] = {}
+        self._pending: dict[str, snapshot_pb2.InstanceSnapshot] = {}
+        self._offered = asyncio.Event()
+        self._resync_now = asyncio.Event()
+        self.stats = FeedStats()
+
+    # The loops ----------------------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Runs every loop until cancelled."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._subscribe_forever())
+            group.create_task(self._adopt_forever())
+            group.create_task(self._every(self._settings.resync_interval_s, self.resync_once, self._resync_now))
+            group.create_task(self._every(self._settings.dispatch_poll_interval_s, self.poll_dispatches_once))
+
+    async def _every(self, interval_s: float, step: Callable[[], Awaitable[None]],
+                     wake: asyncio.Event | None = None) -> None:
+        backoff = Backoff(base_s=max(interval_s, 0.05), cap_s=max(5.0, interval_s))
+        while True:
+            try:
+                await step()
+                backoff.succeeded()
+                delay_s = interval_s
+            except _REDIS_ERRORS as error:
+                delay_s = self._redis_failed(backoff, step.__name__, error)
+            except Exception:  # noqa: BLE001 - a bug must not stop the feed: log it, go on
+                logger.exception("estimator feed: %s failed", step.__name__)
+                delay_s = backoff.failed()
+            if wake is None:
+                await asyncio.sleep(delay_s)
+                continue
+            try:
+                await asyncio.wait_for(wake.wait(), delay_s)
+            except TimeoutError:
+                pass
+            wake.clear()
+
+    async def _subscribe_forever(self) -> None:
+        backoff = Backoff(base_s=0.1, cap_s=5.0)
+        while True:
+            pubsub = self._client.pubsub()
+            try:
+                await asyncio.wait_for(pubsub.subscribe(redis_keys.SNAPSHOTS_CHANNEL), self._settings.redis_deadline_s)
+                self.stats.subscribed = True
+                if backoff.failures:
+                    self._resync_now.set()  # what was published while the channel was down
+                backoff.succeeded()
+                while True:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if message is not None and message.get("type") == "message":
+                        self._receive(message["data"])
+            except _REDIS_ERRORS as error:
+                self.stats.subscribed = False
+                await asyncio.sleep(self._redis_failed(backoff, "subscription", error))
+            finally:
+                self.stats.subscribed = False
+                try:
+                    await asyncio.wait_for(pubsub.aclose(), self._settings.redis_deadline_s)
+                except _REDIS_ERRORS:
+                    pass
+
+    async def _adopt_forever(self) -> None:
+        while True:
+            await self._offered.wait()
+            self._offered.clear()
+            try:
+                await self.adopt_pending()
+            except Exception:  # noqa: BLE001 - a bug must not stop the feed
+                logger.exception("estimator feed: adopting snapshots failed")
+
+    # One pass of each (also what the tests drive) -----------------------------------------------------------------
+
+    def offer(self, snapshot: snapshot_pb2.InstanceSnapshot) -> None:
+        """Queues a snapshot for adoption (a newer one replaces it before then)."""
+        instance_id = snapshot.instance_id
+        if not instance_id:
+            return
+        self.stats.snapshots_received += 1
+        pending = self._pending.get(instance_id)
+        if pending is None or (snapshot.taken_at_s, snapshot.read_at_s) > (pending.taken_at_s, pending.read_at_s):
+            self._pending[instance_id] = snapshot
+        self._offered.set()
+
+    async def adopt_pending(self) -> None:
+        pending, self._pending = self._pending, {}
+        now = self._clock()
+        fresh = []
+        for snapshot in pending.values():
+            tracked = self._track(snapshot.instance_id, snapshot.model, now)
+            tracked.last_seen_s = now
+            current = self._estimator.snapshot(snapshot.instance_id)
+            if current is not None and snapshot.taken_at_s <= current.taken_at_s:
+                self._estimator.update_snapshot(snapshot, now)  # the same state, found current later
+            else:
+                fresh.append(snapshot)
+        if not fresh:
+            return
+        try:
+            await asyncio.wait_for(self._record_residents_dispatches(fresh, now), self._settings.redis_deadline_s)
+        except _REDIS_ERRORS as error:
+            self.stats.redis_failures += 1
+            logger.debug("dispatch records of residents unavailable: %r", error)
+        await self._remaining.resolve(self._resident_rows(fresh))
+        for snapshot in fresh:
+            self._adopt(snapshot, now)
+
+    async def resync_once(self) -> None:
+        now = self._clock()
+        client, deadline_s = self._client, self._settings.redis_deadline_s
+        raw_ids = await asyncio.wait_for(
+            client.zrangebyscore(redis_keys.INSTANCES, now - self._settings.instances_window_s, "+inf"), deadline_s)
+        ids = [_text(i) for i in raw_ids]
+        pipe = client.pipeline(transaction=False)
+        for instance_id in ids:
+            pipe.get(redis_keys.instance_key(instance_id))
+            pipe.get(redis_keys.snapshot_key(instance_id))
+        values = await asyncio.wait_for(pipe.execute(), deadline_s) if ids else []
+        for instance_id, registration, snapshot in zip(ids, values[::2], values[1::2], strict=True):
+            if registration is None and snapshot is None:
+                continue
+            model = snapshot_pb2.InstanceRegistration.FromString(registration).model if registration else ""
+            self._track(instance_id, model, now).last_seen_s = now
+            if snapshot is not None:
+                self.offer(snapshot_pb2.InstanceSnapshot.FromString(snapshot))
+        for instance_id, model in self._listed().items():
+            self._track(instance_id, model, now).last_seen_s = now
+        self._forget_gone(now)
+        for instance_id in self._tracked:
+            self._refresh_calibration(instance_id, now)
+        self.stats.resyncs += 1
+        self.stats.last_resync_s = now
+
+    async def poll_dispatches_once(self) -> None:
+        ids = self._estimator.instance_ids()
+        if not ids:
+            return
+        now, client, deadline_s = self._clock(), self._client, self._settings.redis_deadline_s
+        pipe = client.pipeline(transaction=False)
+        for instance_id in ids:
+            snapshot = self._estimator.snapshot(instance_id)
+            since_s = snapshot.taken_at_s if snapshot is not None else now - DISPATCH_LOOKBACK_S
+            pipe.zrangebyscore(redis_keys.dispatches_key(instance_id), since_s, "+inf")
+        routed = await asyncio.wait_for(pipe.execute(), deadline_s)
+        wanted = [(instance_id, _text(request_id)) for instance_id, request_ids in zip(ids, routed, strict=True)
+                  for request_id in request_ids]
+        wanted = [(i, r) for i, r in wanted if not self._estimator.has_dispatch(i, r)]
+        if wanted:
+            records = await asyncio.wait_for(client.mget([redis_keys.dispatch_key(r) for _, r in wanted]), deadline_s)
+            for (instance_id, _), record in zip(wanted, records, strict=True):
+                if record is not None:
+                    self._record(record, instance_id)
+
+    # Adoption -------------------------------------------------------------------------------------------------------
+
+    async def _record_residents_dispatches(self, snapshots: list[snapshot_pb2.InstanceSnapshot], now: float) -> None:
+        """Reads, in one round trip, the dispatch records of residents the estimator has none for."""
+        wanted: list[tuple[str, str]] = []
+        for snapshot in snapshots:
+            instance_id = snapshot.instance_id
+            missing = self._tracked[instance_id].missing_dispatches
+            for request in (*snapshot.running, *snapshot.waiting):
+                key = self._request_key(request.request_id)
+                if self._estimator.has_dispatch(instance_id, key):
+                    continue
+                if now - missing.get(key, -MISSING_DISPATCH_RETRY_S) < MISSING_DISPATCH_RETRY_S:
+                    continue
+                wanted.append((instance_id, key))
+        if not wanted:
+            return
+        records = await self._client.mget([redis_keys.dispatch_key(key) for _, key in wanted])
+        for (instance_id, key), record in zip(wanted, records, strict=True):
+            tracked = self._tracked.get(instance_id)  # None: forgotten meanwhile
+            if tracked is None:
+                continue
+            if record is None or not self._record(record, instance_id):
+                tracked.missing_dispatches[key] = now
+            else:
+                tracked.missing_dispatches.pop(key, None)
+
+    def _resident_rows(self, snapshots: list[snapshot_pb2.InstanceSnapshot]) -> dict[str, Rows]:
+        parts: dict[str, list[Rows]] = {}
+        for snapshot in snapshots:
+            if not self._estimator.knows(snapshot.instance_id):
+                continue
+            for model, rows in self._estimator.resident_lengths(snapshot).items():
+                parts.setdefault(model, []).append(rows)
+        return {model: tuple(np.concatenate(column) for column in zip(*rows))  # type: ignore[misc]
+                for model, rows in parts.items()}
+
+    def _adopt(self, snapshot: snapshot_pb2.InstanceSnapshot, now: float) -> None:
+        instance_id = snapshot.instance_id
+        tracked = self._tracked.get(instance_id)
+        if tracked is None:  # forgotten while its residents' lengths were resolved
+            return
+        try:
+            adopted = self._estimator.update_snapshot(snapshot, now, self._remaining.lookup)
+        except (InvalidState, ValueError) as error:
+            self.stats.snapshots_rejected += 1
+            if self.stats.snapshots_rejected == 1 or self.stats.snapshots_rejected % 100 == 0:
+                logger.warning("snapshot %d of %s rejected (%d so far): %s", snapshot.sequence_number, instance_id,
+                               self.stats.snapshots_rejected, error)
+            return
+        if not adopted:
+            return
+        self.stats.snapshots_adopted += 1
+        tracked.lps.observe_snapshot(snapshot)
+        if snapshot.HasField("batch_time") and coefficients_from_message(snapshot.batch_time) is not None:
+            tracked.batch_time = snapshot.batch_time
+            if snapshot.batch_time.prefill_tokens_per_s > 0:
+                tracked.prefill_tokens_per_s = snapshot.batch_time.prefill_tokens_per_s
+        self._refresh_calibration(instance_id, now)
+
+    def _refresh_calibration(self, instance_id: str, now: float) -> None:
+        tracked = self._tracked[instance_id]
+        coefficients = None if tracked.batch_time is None else coefficients_from_message(tracked.batch_time)
+        if coefficients is None:
+            return
+        lps = tracked.lps.parameters(tracked.prefill_tokens_per_s, now)
+        self._estimator.set_calibration(instance_id, Calibration(coefficients, tracked.prefill_tokens_per_s, lps))
+
+    # Instances and dispatches ---------------------------------------------------------------------------------------
+
+    def _track(self, instance_id: str, model: str, now: float) -> _Tracked:
+        tracked = self._tracked.get(instance_id)
+        if tracked is None:
+            tracked = self._tracked[instance_id] = _Tracked(LpsTracker(self._settings.lps_window_s), now)
+        if model or not self._estimator.knows(instance_id):
+            self._estimator.add_instance(instance_id, model)
+        return tracked
+
+    def _forget_gone(self, now: float) -> None:
+        listed = self._listed()
+        for instance_id, tracked in list(self._tracked.items()):
+            if instance_id not in listed and now - tracked.last_seen_s > self._settings.forget_after_s:
+                logger.info("instance %s gone from Redis for %.0f s: forgotten", instance_id,
+                            now - tracked.last_seen_s)
+                del self._tracked[instance_id]
+                self._pending.pop(instance_id, None)
+                self._estimator.remove_instance(instance_id)
+
+    def _record(self, payload: bytes, instance_id: str) -> bool:
+        """Records a dispatch read from Redis; False if the record is unusable."""
+        if not self._estimator.knows(instance_id):
+            return False
+        try:
+            record = router_pb2.DispatchRecord.FromString(payload)
+        except Exception:  # noqa: BLE001 - google.protobuf.message.DecodeError: a foreign value under our key
+            return False
+        dispatch: Dispatch | None = dispatch_from_record(record, instance_id, self._estimator.model(instance_id))
+        if dispatch is None or not self._estimator.knows(dispatch.instance_id):
+            return False
+        self._estimator.record_dispatch(dispatch)
+        tracked = self._tracked.get(dispatch.instance_id)
+        if tracked is not None:
+            tracked.lps.observe_dispatch(dispatch.dispatched_at_s)
+        self.stats.dispatches_recorded += 1
+        return True
+
+    def _receive(self, payload: bytes) -> None:
+        try:
+            snapshot = snapshot_pb2.InstanceSnapshot.FromString(payload)
+        except Exception:  # noqa: BLE001 - DecodeError: not a snapshot; skip it
+            logger.debug("undecodable message on %s", redis_keys.SNAPSHOTS_CHANNEL)
+            return
+        self.offer(snapshot)
+
+    def _redis_failed(self, backoff: Backoff, what: str, error: BaseException) -> float:
+        self.stats.redis_failures += 1
+        delay_s = backoff.failed()
+        if backoff.failures == 1 or backoff.failures % 20 == 0:
+            logger.warning("Redis unavailable for the %s (%d failures, retrying in %.2f s): %r", what,
+                           backoff.failures, delay_s, error)
+        return delay_s
+
+    # Readers --------------------------------------------------------------------------------------------------------
+
+    def instance_ids(self) -> list[str]:
+        return list(self._tracked)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,84 @@
+"""The gRPC face of the predictor (bear.v1.Predictor): thin, over `bear.predictor.predictor.Predictor`.
+
+Predict tokenises and runs LightGBM: it runs on a small thread pool (the predictor is thread-safe) so that the event
+loop keeps accepting calls. ExpectedRemaining is a few vectorised table look-ups: it runs on the loop. Bad input is
+INVALID_ARGUMENT with a message naming the field. Every call's latency goes to a histogram by method.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+from prometheus_client import Counter, Histogram
+
+from bear.predictor.predictor import Predictor
+from bear.predictor.wire import (
+    InvalidRequest,
+    predict_arguments,
+    predict_response,
+    remaining_groups,
+    remaining_response,
+)
+from bear.v1 import predictor_pb2, predictor_pb2_grpc
+
+SERVICE_NAME = predictor_pb2.DESCRIPTOR.services_by_name["Predictor"].full_name
+
+REQUEST_SECONDS = Histogram(
+    "bear_predictor_request_seconds", "Time to answer one call, by method", ["method"],
+    buckets=(5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0))
+ERRORS = Counter("bear_predictor_errors", "Calls answered with an error status", ["method", "code"])
+
+
+class PredictorServicer(predictor_pb2_grpc.PredictorServicer):
+    def __init__(self, predictor: Predictor, executor: ThreadPoolExecutor, *, max_prompt_chars: int,
+                 max_remaining_queries: int) -> None:
+        self._predictor = predictor
+        self._executor = executor
+        self._max_prompt_chars = max_prompt_chars
+        self._max_remaining_queries = max_remaining_queries
+
+    async def Predict(self, request: predictor_pb2.PredictRequest,
+                      context: grpc.aio.ServicerContext) -> predictor_pb2.PredictResponse:
+        started = time.perf_counter()
+        catalog = self._predictor.catalog
+        try:
+            prompt, models = predict_arguments(request, catalog, self._max_prompt_chars)
+        except InvalidRequest as error:
+            await _invalid(context, "Predict", error)
+        predictions = await asyncio.get_running_loop().run_in_executor(
+            self._executor, self._predictor.predict, prompt, models)
+        reply = predict_response(predictions, catalog)
+        REQUEST_SECONDS.labels(method="Predict").observe(time.perf_counter() - started)
+        return reply
+
+    async def ExpectedRemaining(self, request: predictor_pb2.ExpectedRemainingRequest,
+                                context: grpc.aio.ServicerContext) -> predictor_pb2.ExpectedRemainingResponse:
+        started = time.perf_counter()
+        try:
+            groups = remaining_groups(request, self._predictor.catalog, self._max_remaining_queries)
+        except InvalidRequest as error:
+            await _invalid(context, "ExpectedRemaining", error)
+        answers = [self._predictor.expected_remaining_tokens_many(g.model, g.predicted_output_tokens,
+                                                                   g.generated_tokens, g.max_tokens) for g in groups]
+        reply = remaining_response(len(request.queries), groups, answers)
+        REQUEST_SECONDS.labels(method="ExpectedRemaining").observe(time.perf_counter() - started)
+        return reply
+
+
+async def _invalid(context: grpc.aio.ServicerContext, method: str, error: InvalidRequest) -> None:
+    ERRORS.labels(method=method, code="INVALID_ARGUMENT").inc()
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+
+
+def register(servicer: PredictorServicer) -> Callable[[grpc.aio.Server], list[str]]:
+    """What `bear.common.service.start_server` calls to add the service."""
+
+    def add(server: grpc.aio.Server) -> list[str]:
+        predictor_pb2_grpc.add_PredictorServicer_to_server(servicer, server)
+        return [SERVICE_NAME]
+
+    return add

@@ -1,0 +1,101 @@
+"""What the estimator service adds to the estimator's domain: unknown instances, one bad target among many, a bad
+snapshot, residents' lengths resolved ahead, instances coming and going."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bear.core.replay import estimate, prepare
+from bear.core.state import Arrival, InvalidState, Query, ResidentRequest
+from bear.core.wire import state_from_snapshot
+from bear.estimator.estimation import Calibration, Dispatch, Estimator, Method
+from tests.estimator_builders import COEFFICIENTS, decoding, queued, snapshot
+
+NOW = 1000.0
+
+
+def remaining(model: str, predicted: np.ndarray, generated: np.ndarray, max_tokens: np.ndarray) -> np.ndarray:
+    return np.maximum(predicted - generated, 1.0)
+
+
+def estimator_with(*snapshots, **options) -> Estimator:  # noqa: ANN002, ANN003 - InstanceSnapshot, Estimator options
+    estimator = Estimator(remaining, {"m": 80.0}, **options)
+    for message in snapshots:
+        estimator.add_instance(message.instance_id, message.model)
+        estimator.set_calibration(message.instance_id, Calibration(COEFFICIENTS))
+        estimator.update_snapshot(message, NOW)
+    return estimator
+
+
+def test_an_unknown_instance_is_answered_none() -> None:
+    estimator = estimator_with(snapshot("a", NOW, [decoding("r1")]))
+    unknown, known = estimator.estimate(Query("q", 100, 10), ["b", "a"], NOW)
+    assert (unknown.instance_id, unknown.method, unknown.ttft_s, unknown.reason) == ("b", Method.NONE, None,
+                                                                                      "unknown instance")
+    assert known.method is Method.REPLAY and known.ttft_s is not None
+
+
+def test_a_target_that_cannot_be_replayed_does_not_cost_the_others_their_estimate() -> None:
+    estimator = estimator_with(snapshot("a", NOW, [decoding("q")]), snapshot("b", NOW, [decoding("r1")]))
+    bad, good = estimator.estimate(Query("q", 100, 10), ["a", "b"], NOW)  # "q" is also a resident of a
+    assert bad.method is Method.NONE and bad.reason.startswith("cannot replay") and bad.snapshot_age_s == 0.0
+    assert good.method is Method.REPLAY and good.ttft_s is not None and good.ttft_s > 0
+
+
+def test_a_snapshot_the_replay_cannot_use_leaves_the_previous_one() -> None:
+    first = snapshot("a", NOW, [decoding("r1")])
+    estimator = estimator_with(first)
+    broken = snapshot("a", NOW + 1, [decoding("r1")])
+    broken.num_free_blocks = broken.engine.num_gpu_blocks + 1
+    with pytest.raises(InvalidState):
+        estimator.update_snapshot(broken, NOW + 1)
+    assert estimator.snapshot("a") is first
+    assert estimator.estimate(Query("q", 100, 10), ["a"], NOW)[0].method is Method.REPLAY
+
+
+def test_residents_lengths_are_asked_by_model_and_answered_ahead() -> None:
+    message = snapshot("a", NOW, [decoding("engine-r1", output=10, placeholders=1, max_tokens=500),
+                                  decoding("r2", output=4)], [queued("r3")])
+    estimator = Estimator(remaining, {"m": 80.0}, request_key=lambda engine_id: engine_id.removeprefix("engine-"))
+    estimator.add_instance("a", "m")
+    estimator.record_dispatch(Dispatch("r1", "a", "other", NOW - 5, 100, 300.0))
+    lengths = estimator.resident_lengths(message)
+    assert {model: [column.tolist() for column in rows] for model, rows in lengths.items()} == {
+        "other": [[300.0], [11.0], [500.0]],  # the dispatch's model and length; the token in flight counts
+        "m": [[80.0, 80.0], [4.0, 0.0], [0.0, 0.0]],  # no dispatch: the model's mean length
+    }
+    answered = {"other": np.array([7.0]), "m": np.array([20.0, 30.0])}
+    assert estimator.update_snapshot(message, NOW, lambda model, *rows: answered[model])
+    assert estimator.pending_decode_tokens("a") == (7 + 1) + 20 + 30  # the token in flight is added back
+
+
+def test_a_dispatch_too_long_for_the_instance_is_not_an_arrival() -> None:
+    message = snapshot("a", NOW, [decoding("r1")])
+    estimator = estimator_with(message)
+    before = estimator.estimate(Query("q", 100, 10), ["a"], NOW + 0.01)[0]
+    estimator.record_dispatch(Dispatch("long", "a", "m", NOW + 0.001, message.engine.max_model_len, 10.0))
+    after = estimator.estimate(Query("q", 100, 10), ["a"], NOW + 0.01)[0]
+    assert after == before
+
+
+def test_dispatches_since_the_snapshot_are_arrivals_ahead_of_the_query() -> None:
+    message = snapshot("a", NOW, [decoding("r1")])
+    estimator = estimator_with(message)
+    estimator.record_dispatch(Dispatch("d1", "a", "m", NOW + 0.001, 1500, 10.0))
+    got = estimator.estimate(Query("q", 100, 10), ["a"], NOW + 0.01)[0]
+    state = state_from_snapshot(message, lambda r: 79)  # the mean length, 80, less the token generated
+    expected = estimate(prepare(state), Query("q", 100, 10), COEFFICIENTS, query_time_s=0.01,
+                        arrivals=[Arrival(0.001, ResidentRequest("d1", 1500, 0, 0, 10))])
+    assert got.ttft_s == pytest.approx(expected.ttft_s) and got.num_batches == expected.num_batches
+
+
+def test_instances_come_and_go() -> None:
+    estimator = estimator_with(snapshot("a", NOW, [decoding("r1")]))
+    estimator.add_instance("b", "m")
+    estimator.add_instance("a", "renamed")
+    assert estimator.instance_ids() == ["a", "b"] and estimator.model("a") == "renamed"
+    assert estimator.snapshot("a") is not None  # adding a known instance keeps its state
+    estimator.remove_instance("a")
+    assert estimator.instance_ids() == ["b"] and not estimator.knows("a")
+    assert estimator.estimate(Query("q", 1, 1), ["b"], NOW)[0].reason == "no snapshot, no LPS parameters"

@@ -1,0 +1,245 @@
+"""The estimator's Redis feed (fakeredis): instances, snapshots, calibrations, dispatch records, forgetting, outages."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import fakeredis
+import numpy as np
+import pytest
+
+from bear.common import redis_keys
+from bear.core.lps import lps_ttft_s
+from bear.core.state import Query
+from bear.estimator.estimation import Estimator, Method
+from bear.estimator.remaining import RemainingLengths
+from bear.estimator.snapshot_feed import FeedSettings, SnapshotFeed
+from tests.estimator_builders import (
+    PREFILL_TOKENS_PER_S,
+    FakeClock,
+    decoding,
+    dispatch_record,
+    record_dispatch,
+    registration,
+    snapshot,
+)
+
+SETTINGS = FeedSettings(resync_interval_s=0.02, dispatch_poll_interval_s=0.01, redis_deadline_s=0.5,
+                        forget_after_s=30.0, lps_window_s=60.0)
+
+
+class World:
+    """A fake Redis, an estimator and its feed on one fake clock."""
+
+    def __init__(self, listed: dict[str, str] | None = None) -> None:
+        self.server = fakeredis.FakeServer()
+        self.redis = fakeredis.FakeAsyncRedis(server=self.server)
+        self.clock = FakeClock()
+        self.remaining = RemainingLengths(None)
+        self.estimator = Estimator(self.remaining.lookup, {}, max_snapshot_age_s=2.0, default_output_tokens=100.0,
+                                   request_key=lambda engine_id: engine_id.removeprefix("cmpl-").removesuffix("-0"))
+        self.feed = SnapshotFeed(self.estimator, self.redis, self.remaining, SETTINGS,
+                                 request_key=lambda engine_id: engine_id.removeprefix("cmpl-").removesuffix("-0"),
+                                 listed_instances=lambda: listed or {}, clock=self.clock)
+
+    async def publish(self, message, *, register: bool = True) -> None:  # noqa: ANN001 - InstanceSnapshot
+        """As the snapshotter does: the latest snapshot, the registration, the set of instances, the channel."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.set(redis_keys.snapshot_key(message.instance_id), message.SerializeToString())
+        if register:
+            pipe.set(redis_keys.instance_key(message.instance_id),
+                     registration(message.instance_id, message.model).SerializeToString())
+            pipe.zadd(redis_keys.INSTANCES, {message.instance_id: self.clock()})
+        pipe.publish(redis_keys.SNAPSHOTS_CHANNEL, message.SerializeToString())
+        await pipe.execute()
+
+    def estimate(self, instance_id: str = "a", prompt: int = 100):  # noqa: ANN201 - TtftEstimate
+        return self.estimator.estimate(Query("q", prompt, 10), [instance_id], self.clock())[0]
+
+
+def run(test: Callable[[World], Awaitable[None]], **options: object) -> None:
+    async def main() -> None:
+        world = World(**options)  # type: ignore[arg-type]
+        try:
+            await test(world)
+        finally:
+            await world.redis.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_resync_finds_registered_instances_and_their_snapshots() -> None:
+    async def test(world: World) -> None:
+        await world.publish(snapshot("a", world.clock() - 0.1, [decoding("r1")], model="small"))
+        await world.publish(snapshot("b", world.clock() - 0.1, model="large", calibrated=False))
+        await world.feed.resync_once()
+        await world.feed.adopt_pending()
+        assert world.estimator.instance_ids() == ["a", "b"] and world.estimator.model("b") == "large"
+        a, b = world.estimate("a"), world.estimate("b")
+        assert a.method is Method.REPLAY and a.snapshot_age_s == pytest.approx(0.1)
+        assert b.method is Method.NONE and b.reason == "not calibrated, no LPS parameters"
+        calibration = world.estimator.calibration("a")
+        assert calibration is not None and calibration.prefill_tokens_per_s == PREFILL_TOKENS_PER_S
+        assert world.feed.stats.snapshots_adopted == 2
+
+    run(test)
+
+
+def test_residents_take_their_length_from_the_dispatch_record_of_their_router_id() -> None:
+    async def test(world: World) -> None:
+        await record_dispatch(world.redis, dispatch_record("r1", "a", world.clock() - 5, predicted_output_tokens=300))
+        await world.publish(snapshot("a", world.clock(), [decoding("cmpl-r1-0", output=20), decoding("cmpl-r2-0")]))
+        await world.feed.resync_once()
+        await world.feed.adopt_pending()
+        assert world.estimator.pending_decode_tokens("a") == (300 - 20) + (100 - 1)  # r2: no record, default length
+        assert world.feed.stats.dispatches_recorded == 1
+        # r2's record appears later: it is looked for again after a while, not on every snapshot
+        await record_dispatch(world.redis, dispatch_record("r2", "a", world.clock() - 1, predicted_output_tokens=50))
+        world.clock.advance(0.5)
+        world.feed.offer(snapshot("a", world.clock(), [decoding("cmpl-r1-0", output=21),
+                                                       decoding("cmpl-r2-0", 100, 2)]))
+        await world.feed.adopt_pending()
+        assert world.estimator.pending_decode_tokens("a") == (300 - 21) + (100 - 2)
+        world.clock.advance(5.0)
+        world.feed.offer(snapshot("a", world.clock(), [decoding("cmpl-r1-0", output=22),
+                                                       decoding("cmpl-r2-0", 100, 3)]))
+        await world.feed.adopt_pending()
+        assert world.estimator.pending_decode_tokens("a") == (300 - 22) + (50 - 3)
+
+    run(test)
+
+
+def test_dispatches_since_the_snapshot_join_the_replay() -> None:
+    async def test(world: World) -> None:
+        await world.publish(snapshot("a", world.clock(), [decoding("r1")]))
+        await world.feed.resync_once()
+        await world.feed.adopt_pending()
+        world.clock.advance(0.05)
+        before = world.estimate()
+        await record_dispatch(world.redis, dispatch_record("d1", "a", world.clock() - 0.04, prompt_tokens=4000))
+        await record_dispatch(world.redis, dispatch_record("old", "a", world.clock() - 60))  # before the snapshot
+        await world.feed.poll_dispatches_once()
+        after = world.estimate()
+        assert world.estimator.has_dispatch("a", "d1") and not world.estimator.has_dispatch("a", "old")
+        assert after.ttft_s > 5 * before.ttft_s  # type: ignore[operator] - the query waits behind its prefill
+
+    run(test)
+
+
+def test_an_instance_gone_from_redis_is_forgotten_unless_discovery_lists_it() -> None:
+    async def test(world: World) -> None:
+        await world.publish(snapshot("a", world.clock()))
+        await world.publish(snapshot("b", world.clock()))
+        await world.feed.resync_once()
+        await world.redis.flushall()
+        world.clock.advance(SETTINGS.forget_after_s - 1)
+        await world.feed.resync_once()
+        assert world.estimator.instance_ids() == ["a", "b"]
+        world.clock.advance(2)
+        await world.feed.resync_once()
+        assert world.estimator.instance_ids() == ["b"] and world.feed.instance_ids() == ["b"]
+
+    run(test, listed={"b": "m"})
+
+
+def test_a_stale_snapshot_falls_back_to_lps_measured_from_the_stream() -> None:
+    async def test(world: World) -> None:
+        start = world.clock()
+        for t in range(11):  # two requests running; every second one completes and another starts
+            world.clock.now_s = start + t
+            world.feed.offer(snapshot("a", start + t, [decoding(f"r{t}"), decoding(f"r{t + 1}")]))
+            await world.feed.adopt_pending()
+            if t in (2, 4, 6, 8):  # a router dispatches a query to it
+                await record_dispatch(world.redis, dispatch_record(f"d{t}", "a", start + t + 0.5))
+                await world.feed.poll_dispatches_once()
+        world.clock.advance(3.0)  # the snapshot is now 3 s old
+        await world.feed.resync_once()
+        got = world.estimate(prompt=2000)
+        calibration = world.estimator.calibration("a")
+        assert calibration is not None and calibration.lps is not None
+        lps = calibration.lps
+        assert (lps.service_rate_qps, lps.concurrency) == (pytest.approx(1.0), pytest.approx(2.0))
+        assert lps.arrival_rate_qps == pytest.approx(4 / 13)
+        assert got.method is Method.LPS and got.ttft_s == pytest.approx(lps_ttft_s(lps, 2000))
+        assert got.reason == "snapshot 3.000 s old: LPS closed form" and got.snapshot_age_s == pytest.approx(3.0)
+
+    run(test)
+
+
+def test_a_snapshot_the_replay_cannot_use_is_counted_and_the_previous_one_kept() -> None:
+    async def test(world: World) -> None:
+        world.feed.offer(snapshot("a", world.clock(), [decoding("r1")]))
+        await world.feed.adopt_pending()
+        broken = snapshot("a", world.clock() + 0.01, [decoding("r1")])
+        broken.engine.max_num_seqs = 0
+        world.feed.offer(broken)
+        await world.feed.adopt_pending()
+        assert world.feed.stats.snapshots_rejected == 1
+        assert world.estimator.snapshot("a").taken_at_s == world.clock()  # type: ignore[union-attr]
+
+    run(test)
+
+
+def test_only_the_newest_offer_of_an_instance_is_adopted() -> None:
+    async def test(world: World) -> None:
+        now = world.clock()
+        world.feed.offer(snapshot("a", now - 0.2, [decoding("r1")]))
+        world.feed.offer(snapshot("a", now - 0.1, [decoding("r1"), decoding("r2")]))
+        world.feed.offer(snapshot("a", now - 0.3, []))
+        await world.feed.adopt_pending()
+        assert world.feed.stats.snapshots_adopted == 1
+        assert len(world.estimator.snapshot("a").running) == 2  # type: ignore[union-attr]
+        same = snapshot("a", now - 0.1, [decoding("r1"), decoding("r2")], read_at_s=now)  # found current later
+        world.feed.offer(same)
+        await world.feed.adopt_pending()
+        assert world.estimate().snapshot_age_s == 0.0
+
+    run(test)
+
+
+def test_the_feed_rides_out_a_redis_outage() -> None:
+    async def test(world: World) -> None:
+        task = asyncio.create_task(world.feed.run())
+        await world.publish(snapshot("a", world.clock(), [decoding("r1")]))
+        await _until(lambda: world.estimator.knows("a") and world.estimator.snapshot("a") is not None)
+        world.server.connected = False
+        await _until(lambda: world.feed.stats.redis_failures >= 3)
+        assert world.estimate().method is Method.REPLAY  # still answering from what it holds
+        world.server.connected = True
+        world.clock.advance(0.5)
+        await _until(lambda: world.feed.stats.subscribed)
+        await world.publish(snapshot("a", world.clock(), [decoding("r1"), decoding("r2")]))
+        await _until(lambda: len(world.estimator.snapshot("a").running) == 2)  # type: ignore[union-attr]
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    run(test)
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+def test_resident_rows_of_several_snapshots_are_asked_together() -> None:
+    asked: list[tuple[str, list[float]]] = []
+
+    async def source(model: str, predicted: np.ndarray, generated: np.ndarray, max_tokens: np.ndarray) -> np.ndarray:
+        asked.append((model, generated.tolist()))
+        return predicted - generated
+
+    async def test(world: World) -> None:
+        world.remaining = RemainingLengths(source)
+        world.estimator = Estimator(world.remaining.lookup, {}, default_output_tokens=100.0)
+        world.feed = SnapshotFeed(world.estimator, world.redis, world.remaining, SETTINGS, clock=world.clock)
+        world.feed.offer(snapshot("a", world.clock(), [decoding("r1", output=3)]))
+        world.feed.offer(snapshot("b", world.clock(), [decoding("r2", output=5)]))
+        await world.feed.adopt_pending()
+        assert asked == [("m", [3.0, 5.0])]
+        assert world.estimator.pending_decode_tokens("b") == 95
+
+    run(test)

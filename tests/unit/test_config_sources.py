@@ -1,0 +1,45 @@
+"""Settings layered from a YAML file, the environment and flags, all as environment strings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bear.common.config_sources import ConfigFileError, env_optional_port, layered_environ
+
+KNOWN = ("BEAR_A_S", "BEAR_FLAG", "BEAR_PORT")
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "settings.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_file_then_environment_then_flags(tmp_path: Path) -> None:
+    path = write(tmp_path, "a_s: 1.5\nflag: true\nport: 80\n")
+    merged = layered_environ({"BEAR_PORT": "81", "HOME": "/root"}, path, {"BEAR_A_S": 2, "BEAR_FLAG": None}, KNOWN)
+    assert merged["BEAR_A_S"] == "2" and merged["BEAR_FLAG"] == "true" and merged["BEAR_PORT"] == "81"
+    assert merged["HOME"] == "/root"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("- a\n- b\n", "expected a mapping of settings, got list"),
+    ("a_s: [1, 2]\n", "a_s must be a single value"),
+    ("b: 1\n", "unknown setting 'b' .known: a_s, flag, port."),
+    ("a_s: [\n", "config file .*settings.yaml"),
+])
+def test_a_bad_file_is_named(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigFileError, match=message):
+        layered_environ({}, write(tmp_path, text), {}, KNOWN)
+
+
+def test_a_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigFileError, match="missing.yaml"):
+        layered_environ({}, tmp_path / "missing.yaml", {}, KNOWN)
+
+
+@pytest.mark.parametrize(("text", "port"), [("", 9464), ("0", 0), ("9000", 9000), ("off", None), ("None", None)])
+def test_an_optional_port(text: str, port: int | None) -> None:
+    assert env_optional_port({"P": text}, "P", 9464) == port
