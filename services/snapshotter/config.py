@@ -57,8 +57,11 @@ class SnapshotterConfig:
     poll_interval_s: float = 0.005  # BEAR_SNAPSHOTTER_POLL_INTERVAL_MS
     grpc_host: str = "[::]"  # BEAR_SNAPSHOTTER_GRPC_HOST
     grpc_port: int = 50071  # BEAR_SNAPSHOTTER_GRPC_PORT (0: any free port)
+    metrics_port: int | None = 9465  # BEAR_SNAPSHOTTER_METRICS_PORT: Prometheus /metrics (0: any free port; off: none)
     advertised_endpoint: str = ""  # BEAR_SNAPSHOTTER_ENDPOINT: this sidecar's gRPC address, as others reach it
     snapshot_ttl_s: float = 10.0  # BEAR_SNAPSHOT_TTL_S: Redis keys of an instance vanish this long after it stops
+    refresh_s: float = 0.5  # BEAR_SNAPSHOT_REFRESH_S: an unchanged (idle) snapshot is republished this often, so that
+    # its age (from its read_at) stays below the estimator's limit
     engine_timeout_s: float = 5.0  # BEAR_SNAPSHOTTER_ENGINE_TIMEOUT_S: an engine without heartbeat this long is gone
     calibration_window: int = 2000  # BEAR_CALIBRATION_WINDOW: latest executed steps the eq. 12 fit uses
     calibration_min_samples: int = 50  # BEAR_CALIBRATION_MIN_SAMPLES: steps needed before the first fit
@@ -70,7 +73,10 @@ class SnapshotterConfig:
         _require(bool(self.instance_id), "BEAR_INSTANCE_ID must not be empty")
         _require(self.poll_interval_s > 0, "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS must be > 0")
         _require(0 <= self.grpc_port < 65536, "BEAR_SNAPSHOTTER_GRPC_PORT must be a port number")
+        _require(self.metrics_port is None or 0 <= self.metrics_port < 65536,
+                 "BEAR_SNAPSHOTTER_METRICS_PORT must be a port number or off")
         _require(self.snapshot_ttl_s >= 1, "BEAR_SNAPSHOT_TTL_S must be >= 1")
+        _require(0 < self.refresh_s < self.snapshot_ttl_s, "BEAR_SNAPSHOT_REFRESH_S must be > 0 and below the TTL")
         _require(self.engine_timeout_s >= 2,
                  "BEAR_SNAPSHOTTER_ENGINE_TIMEOUT_S must be >= 2 (the engine beats every second)")
         _require(self.calibration_window >= 8, "BEAR_CALIBRATION_WINDOW must be >= 8")
@@ -82,7 +88,7 @@ class SnapshotterConfig:
 
     @property
     def heartbeat_s(self) -> float:
-        """How often unchanged snapshots and the registration are republished, refreshing their TTL."""
+        """How often the registration and the coefficients are republished, refreshing their TTL."""
         return self.snapshot_ttl_s / 3
 
     @staticmethod
@@ -99,8 +105,10 @@ class SnapshotterConfig:
             poll_interval_s=_float(environ, "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS", defaults.poll_interval_s * 1e3) / 1e3,
             grpc_host=environ.get("BEAR_SNAPSHOTTER_GRPC_HOST") or defaults.grpc_host,
             grpc_port=_int(environ, "BEAR_SNAPSHOTTER_GRPC_PORT", defaults.grpc_port),
+            metrics_port=_optional_port(environ, "BEAR_SNAPSHOTTER_METRICS_PORT", defaults.metrics_port),
             advertised_endpoint=environ.get("BEAR_SNAPSHOTTER_ENDPOINT", ""),
             snapshot_ttl_s=_float(environ, "BEAR_SNAPSHOT_TTL_S", defaults.snapshot_ttl_s),
+            refresh_s=_float(environ, "BEAR_SNAPSHOT_REFRESH_S", defaults.refresh_s),
             engine_timeout_s=_float(environ, "BEAR_SNAPSHOTTER_ENGINE_TIMEOUT_S", defaults.engine_timeout_s),
             calibration_window=_int(environ, "BEAR_CALIBRATION_WINDOW", defaults.calibration_window),
             calibration_min_samples=_int(environ, "BEAR_CALIBRATION_MIN_SAMPLES", defaults.calibration_min_samples),
@@ -115,6 +123,13 @@ def _int(environ: Mapping[str, str], name: str, default: int) -> int:
         return int(text) if text else default
     except ValueError:
         raise ValueError(f"{name} must be an integer, got {text!r}") from None
+
+
+def _optional_port(environ: Mapping[str, str], name: str, default: int | None) -> int | None:
+    text = environ.get(name, "").strip().lower()
+    if text in ("off", "none", "false"):
+        return None
+    return _int(environ, name, default) if text else default  # type: ignore[arg-type]
 
 
 def _float(environ: Mapping[str, str], name: str, default: float) -> float:

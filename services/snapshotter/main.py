@@ -6,12 +6,14 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from grpc_health.v1 import health
 
 from bear.common.redis_config import connect
 from bear.snapshotter.calibration import OnlineCalibrator
 from bear.snapshotter.config import SnapshotterConfig
+from bear.snapshotter.metrics import SnapshotterCollector
 from bear.snapshotter.publisher import RedisPublisher
 from bear.snapshotter.reader import RegionReader
 from bear.snapshotter.region import region_path
@@ -22,9 +24,9 @@ logger = logging.getLogger("bear.snapshotter")
 
 
 def run(config: SnapshotterConfig, stop: threading.Event | None = None,
-        on_ready: Callable[[int], None] | None = None) -> None:
+        on_ready: Callable[[int, int | None], None] | None = None) -> None:
     """Serves until `stop` is set (or SIGTERM / SIGINT when called from the main thread). `on_ready` gets the bound
-    gRPC port once the server listens."""
+    gRPC port and the /metrics port (None: not served) once the servers listen."""
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -41,14 +43,30 @@ def run(config: SnapshotterConfig, stop: threading.Event | None = None,
     set_availability(health_servicer, False)
     server.start()
     publisher.start()
-    logger.info("snapshotter of instance %s: region %s, Redis %s, gRPC on port %d", config.instance_id, reader.path,
-                config.redis.describe(), port)
+    metrics_server, metrics_port = _serve_metrics(config.metrics_port, SnapshotterCollector(snapshotter, publisher))
+    logger.info("snapshotter of instance %s: region %s, Redis %s, gRPC on port %d, metrics on %s", config.instance_id,
+                reader.path, config.redis.describe(), port, metrics_port)
     if on_ready is not None:
-        on_ready(port)
+        on_ready(port, metrics_port)
     try:
         snapshotter.run(stop)
     finally:
+        if metrics_server is not None:
+            metrics_server.shutdown()
+            metrics_server.server_close()
         server.stop(grace=1.0).wait()
         publisher.stop()
         reader.close()
         client.close()
+
+
+def _serve_metrics(port: int | None, collector: SnapshotterCollector) -> tuple[Any, int | None]:
+    """Prometheus /metrics of this sidecar alone (a registry of its own: a process may run several sidecars)."""
+    if port is None:
+        return None, None
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    registry = CollectorRegistry()
+    registry.register(collector)
+    server, _ = start_http_server(port, registry=registry)
+    return server, server.server_port

@@ -48,6 +48,7 @@ class StepEntryRecord:
     num_prompt_tokens: int
     num_scheduled_tokens: int
     num_computed_tokens: int  # before the step
+    arrival_time_s: float = 0.0  # when the request reached the engine (vLLM's arrival_time), from its slot
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,5 +294,5 @@ def _step(record: bytes, step_index: int, slot_table: _SlotTable, layout: Layout
         if fixed is None:
             complete = False
             continue
-        entries.append(StepEntryRecord(fixed[0], fixed[1], num_scheduled_tokens, num_computed_tokens))
+        entries.append(StepEntryRecord(fixed[0], fixed[1], num_scheduled_tokens, num_computed_tokens, fixed[3]))
     return StepRecord(step_index, scheduled_at_s, started_at_s, duration_s, tuple(entries), complete)

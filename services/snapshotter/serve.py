@@ -25,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, type=kind, help=text)
     parser.add_argument("--poll-interval-ms", type=float, help="how often the region is read "
                         "(BEAR_SNAPSHOTTER_POLL_INTERVAL_MS, default 5)")
+    parser.add_argument("--metrics-port", help="Prometheus /metrics port, 0 for any free one, off for none "
+                        "(BEAR_SNAPSHOTTER_METRICS_PORT, default 9465)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"bear snapshotter: {error}", file=sys.stderr)
         return 2
-    main.run(config, on_ready=lambda port: print(f"grpc_port={port}", flush=True))
+    main.run(config, on_ready=lambda port, metrics: print(f"grpc_port={port} metrics_port={metrics or ''}",
+                                                          flush=True))
     return 0
 
 
@@ -45,6 +48,15 @@ def config_from(args: argparse.Namespace) -> SnapshotterConfig:
     overrides = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _, _) in _FLAGS.items() if field}
     if args.poll_interval_ms is not None:
         overrides["poll_interval_s"] = args.poll_interval_ms / 1000
+    if args.metrics_port is not None:
+        text = args.metrics_port.strip().lower()
+        if text in ("off", "none", "false"):
+            config = dataclasses.replace(config, metrics_port=None)
+        else:
+            try:
+                overrides["metrics_port"] = int(text)
+            except ValueError:
+                raise ValueError(f"--metrics-port must be a port number or off, got {args.metrics_port!r}") from None
     config = dataclasses.replace(config, **{k: v for k, v in overrides.items() if v is not None})
     if args.redis_url is not None:
         config = dataclasses.replace(config, redis=dataclasses.replace(config.redis, url=args.redis_url))

@@ -2,9 +2,10 @@
 
 Every `poll_interval_s` the region is read (`RegionReader`); a new state becomes the latest `InstanceSnapshot`
 (served over gRPC and offered to Redis), executed steps feed the online calibration, and a new fit is offered too. An
-unchanged region is re-offered every heartbeat with a fresh `read_at_s`, which keeps its Redis key alive. A missing
-region (the engine shut down) or one whose heartbeat is older than `engine_timeout_s` (the engine was killed) clears
-the latest snapshot, so that its keys expire. Nothing here waits on Redis.
+unchanged region is re-offered every `refresh_s` with a fresh `read_at_s`: an idle engine's snapshot stays young
+enough for the estimator, and its Redis key alive. A missing region (the engine shut down) or one whose heartbeat is
+older than `engine_timeout_s` (the engine was killed) clears the latest snapshot, so that its keys expire. Nothing
+here waits on Redis.
 """
 
 from __future__ import annotations
@@ -100,9 +101,9 @@ class Snapshotter:
             self._publisher.offer_coefficients(fitted)
 
     def _heartbeat(self, now: float) -> None:
-        """An unchanged region: the latest snapshot is still current; say so every heartbeat."""
+        """An unchanged region: the latest snapshot is still current; say so every `refresh_s`."""
         latest = self._latest
-        if latest is None or now - self._offered_at_s < self._config.heartbeat_s:
+        if latest is None or now - self._offered_at_s < self._config.refresh_s:
             return
         refreshed = snapshot_pb2.InstanceSnapshot()
         refreshed.CopyFrom(latest)
@@ -150,6 +151,11 @@ class Snapshotter:
 
     def latest(self) -> snapshot_pb2.InstanceSnapshot | None:
         return self._latest
+
+    @property
+    def available(self) -> bool:
+        """A live engine writes the region."""
+        return bool(self._available)
 
     def wait_newer(self, sequence_number: int, timeout_s: float) -> snapshot_pb2.InstanceSnapshot | None:
         """The latest snapshot once its sequence number passes `sequence_number`; None after `timeout_s`."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -40,11 +41,13 @@ def wait_until(condition: Callable[[], object], timeout_s: float = 10.0) -> obje
 class Sidecar:
     def __init__(self, config: SnapshotterConfig):
         self.stop = threading.Event()
-        ready: list[int] = []
-        self.thread = threading.Thread(target=main.run, args=(config, self.stop, ready.append), daemon=True)
+        ready: list[tuple[int, int | None]] = []
+        self.thread = threading.Thread(target=main.run, args=(config, self.stop, lambda *ports: ready.append(ports)),
+                                       daemon=True)
         self.thread.start()
         wait_until(lambda: ready)
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{ready[0]}")
+        self.metrics_port = ready[0][1]
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{ready[0][0]}")
         self.stub = snapshotter_pb2_grpc.SnapshotterStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
 
@@ -82,7 +85,8 @@ def region(tmp_path: Path) -> str:
 def sidecar(redis_server: RedisServer, region: str) -> Iterator[Sidecar]:
     config = SnapshotterConfig(region=region, instance_id="pod-1", pool="small", endpoint="http://pod-1:8000",
                                input_usd_per_million_tokens=0.1, output_usd_per_million_tokens=0.4,
-                               poll_interval_s=0.002, grpc_host="127.0.0.1", grpc_port=0, snapshot_ttl_s=2.0,
+                               poll_interval_s=0.002, grpc_host="127.0.0.1", grpc_port=0, metrics_port=0,
+                               snapshot_ttl_s=2.0,
                                engine_timeout_s=3.0,
                                calibration_window=400, calibration_min_samples=30, calibration_refit_s=0.0,
                                redis=RedisConfig(url=redis_server.url, timeout_s=0.5))
@@ -203,6 +207,33 @@ def test_coefficients_are_fitted_online_and_travel_with_the_snapshots(sidecar: S
     assert snapshot.batch_time.num_samples >= 30
     assert calibration_pb2.BatchTimeCoefficients.FromString(
         wait_until(lambda: client.get(redis_keys.coefficients_key("pod-1")))).num_samples >= 30
+
+
+def test_metrics_report_the_engine_the_snapshots_and_the_fit(sidecar: Sidecar, region: str) -> None:
+    engine = FakeEngine(region, small_capacities(max_rows=16, max_step_entries=16, max_slots=64))
+    engine.write_state([decoding("a"), decoding("b")], [waiting("c")], written_at_s=time.time())
+    rng = random.Random(3)
+    for _ in range(20):
+        run_steps(engine, rng, 3)
+        time.sleep(0.01)
+
+    def scrape() -> dict[str, float]:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{sidecar.metrics_port}/metrics", timeout=5).read().decode()
+        samples = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                samples[name] = float(value)
+        return samples
+
+    samples = wait_until(lambda: (m := scrape()).get("bear_snapshotter_calibration_samples", 0) >= 30 and m)
+    assert isinstance(samples, dict)
+    assert samples["bear_snapshotter_engine_available"] == 1.0
+    assert samples["bear_snapshotter_snapshots_total"] >= 1 and samples["bear_snapshotter_published_total"] >= 1
+    assert samples["bear_snapshotter_region_errors_total"] == 0
+    assert "bear_snapshotter_snapshot_age_seconds" in samples  # (these states carry made-up times)
+    assert 0 <= samples["bear_snapshotter_calibration_mape"] < 0.05
+    assert 'bear_snapshotter_residents{queue="running"}' in samples
 
 
 def test_losing_redis_does_not_stop_reading_and_publishing_resumes(sidecar: Sidecar, region: str,

@@ -1,0 +1,59 @@
+"""The sidecar's Prometheus metrics, read from its parts at scrape time (served on /metrics by `main`).
+
+    bear_snapshotter_engine_available                  1 while a live engine writes the region, else 0
+    bear_snapshotter_snapshots_total                   new engine states read from the region
+    bear_snapshotter_region_errors_total               reads of a region this version cannot read
+    bear_snapshotter_snapshot_age_seconds              now − when the latest state was written (idle engines age)
+    bear_snapshotter_residents{queue}                  requests in the latest state (running, waiting)
+    bear_snapshotter_published_total                   snapshots sent to Redis
+    bear_snapshotter_redis_failures_total              failed Redis round trips (each retried with back-off)
+    bear_snapshotter_calibration_mape                  eq. 12 fit's error on its window, as a fraction
+    bear_snapshotter_calibration_samples               steps in that fit
+    bear_snapshotter_calibration_age_seconds           now − when the fit was made
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from bear.snapshotter.publisher import RedisPublisher
+from bear.snapshotter.sidecar import Snapshotter
+
+
+class SnapshotterCollector(Collector):
+    def __init__(self, snapshotter: Snapshotter, publisher: RedisPublisher, clock: Callable[[], float] = time.time):
+        self._snapshotter, self._publisher, self._clock = snapshotter, publisher, clock
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        s, now = self._snapshotter, self._clock()
+        latest, fit = s.latest(), s.coefficients()
+        yield GaugeMetricFamily("bear_snapshotter_engine_available", "1 while a live engine writes the region",
+                                value=1.0 if s.available else 0.0)
+        yield CounterMetricFamily("bear_snapshotter_snapshots", "New engine states read from the region",
+                                  value=s.num_snapshots)
+        yield CounterMetricFamily("bear_snapshotter_region_errors", "Reads of a region this version cannot read",
+                                  value=s.num_region_errors)
+        yield CounterMetricFamily("bear_snapshotter_published", "Snapshots sent to Redis",
+                                  value=self._publisher.num_snapshots_published)
+        yield CounterMetricFamily("bear_snapshotter_redis_failures", "Failed Redis round trips",
+                                  value=self._publisher.num_failures)
+        if latest is not None:
+            yield GaugeMetricFamily("bear_snapshotter_snapshot_age_seconds",
+                                    "Now minus when the latest engine state was written", value=now - latest.taken_at_s)
+            residents = GaugeMetricFamily("bear_snapshotter_residents", "Requests in the latest state",
+                                          labels=["queue"])
+            residents.add_metric(["running"], len(latest.running))
+            residents.add_metric(["waiting"], len(latest.waiting) + latest.num_omitted_waiting)
+            yield residents
+        if fit is not None:
+            yield GaugeMetricFamily("bear_snapshotter_calibration_mape", "Eq. 12 fit's error on its window",
+                                    value=fit.mape)
+            yield GaugeMetricFamily("bear_snapshotter_calibration_samples", "Steps in the eq. 12 fit",
+                                    value=fit.num_samples)
+            if fit.fitted_at_s > 0:
+                yield GaugeMetricFamily("bear_snapshotter_calibration_age_seconds", "Now minus when the fit was made",
+                                        value=now - fit.fitted_at_s)
