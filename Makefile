@@ -60,6 +60,12 @@ bench:
 bench-predictor:
 	$(VENV)/bin/python benchmarks/predictor_bench.py
 
+# Route latency at 200 requests/s with three instances (router, estimator, predictor on loopback), then the highest
+# rate with p99 <= 10 ms (prints a table).
+.PHONY: bench-route
+bench-route:
+	$(VENV)/bin/python benchmarks/route_bench.py
+
 # Snapshot plugin cost per engine step, by number of residents (prints a table).
 .PHONY: bench-snapshotter
 bench-snapshotter:

@@ -10,25 +10,14 @@ happen, as `ReportOutcome` calls would.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from bear.core.state import Query
 from bear.estimator.estimation import Dispatch, Estimator, Method, TtftEstimate
 from bear.evaluation.instance import SimulatedInstance
-from bear.routing.contract import (
-    Candidate,
-    Choice,
-    Decision,
-    Estimator as EstimatorKind,
-    InstanceSignals,
-    Policy,
-    RouteRequest,
-)
-
-THROUGHPUT_WINDOW_S = 10.0
-OBSERVATION_WINDOW = 1000  # recent TTFT/TPOT observations kept per instance
+from bear.routing.contract import Candidate, Choice, Decision, InstanceSignals, Policy, RouteRequest
+from bear.routing.observations import InstanceObservations, ttft_estimates_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,13 +37,6 @@ class Decided:
     estimates: Mapping[str, TtftEstimate]  # by instance id
 
 
-@dataclass
-class _Observations:
-    ttft_s: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=OBSERVATION_WINDOW))
-    tpot_s: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=OBSERVATION_WINDOW))
-    completions_s: deque[float] = field(default_factory=deque)
-
-
 class SimulatedRouter:
     def __init__(self, instances: Sequence[SimulatedInstance], estimator: Estimator, policy: Policy, *,
                  staleness_s: float = 0.0, horizon_factor: float = 4.0) -> None:
@@ -63,7 +45,7 @@ class SimulatedRouter:
         self.policy = policy
         self.staleness_s = staleness_s
         self.horizon_factor = horizon_factor  # replays stop at horizon_factor × the query's TTFT target
-        self._observed = {i: _Observations() for i in self.instances}
+        self._observed = {i: InstanceObservations() for i in self.instances}  # virtual time starts at 0
 
     def route(self, query: Query, predictions: Mapping[str, Prediction], request: RouteRequest,
               now_s: float, dispatched_lengths: Mapping[str, float] | None = None) -> Decided:
@@ -88,13 +70,8 @@ class SimulatedRouter:
 
     def observe(self, instance_id: str, ttft_s: float | None, tpot_s: float | None, completed_at_s: float | None,
                 at_s: float) -> None:
-        observed = self._observed[instance_id]
-        if ttft_s is not None:
-            observed.ttft_s.append((at_s, ttft_s))
-        if tpot_s is not None:
-            observed.tpot_s.append((at_s, tpot_s))
-        if completed_at_s is not None:
-            observed.completions_s.append(completed_at_s)
+        """What `ReportOutcome` tells the router service; `at_s` is when it is told."""
+        self._observed[instance_id].observe(ttft_s, tpot_s, completed_at_s)
 
     def _candidate(self, instance_id: str, query: Query, predictions: Mapping[str, Prediction],
                    estimate: TtftEstimate | None, now_s: float) -> Candidate:
@@ -103,26 +80,17 @@ class SimulatedRouter:
         snapshot = self.estimator.snapshot(instance_id)
         estimates: dict[str, float] = {}
         if estimate is not None and estimate.ttft_s is not None:
-            estimates[str(EstimatorKind.BEA)] = estimate.ttft_s
-            if estimate.prefill_tps_ttft_s is not None:
-                estimates[str(EstimatorKind.PREFILL_TPS)] = estimate.prefill_tps_ttft_s
-            if estimate.method is Method.LPS:
-                estimates[str(EstimatorKind.LPS)] = estimate.ttft_s
+            estimates = ttft_estimates_s(estimate.ttft_s, lps=estimate.method is Method.LPS,
+                                         prefill_tps_ttft_s=estimate.prefill_tps_ttft_s)
+        observed = self._observed[instance_id]
         signals = InstanceSignals(
             num_running=None if snapshot is None else len(snapshot.running),
             num_waiting=None if snapshot is None else len(snapshot.waiting),
-            request_throughput_rps=self._throughput(instance_id, now_s),
+            request_throughput_rps=observed.request_throughput_rps(now_s),
             ttft_estimates_s=estimates,
-            recent_ttft_s=tuple(v for _, v in self._observed[instance_id].ttft_s),
-            recent_tpot_s=tuple(v for _, v in self._observed[instance_id].tpot_s),
+            recent_ttft_s=observed.recent_ttft_s,
+            recent_tpot_s=observed.recent_tpot_s,
             pending_decode_tokens=self.estimator.pending_decode_tokens(instance_id),
         )
         return Candidate(instance_id, instance.spec.model, prediction.accuracy, query.num_prompt_tokens,
                          prediction.output_tokens, prediction.cost_micro_usd, signals)
-
-    def _throughput(self, instance_id: str, now_s: float) -> float | None:
-        completions = self._observed[instance_id].completions_s
-        while completions and completions[0] < now_s - THROUGHPUT_WINDOW_S:
-            completions.popleft()
-        window = min(THROUGHPUT_WINDOW_S, now_s)
-        return len(completions) / window if window > 0 and completions else None

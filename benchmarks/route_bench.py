@@ -1,0 +1,408 @@
+"""Route latency: the router with the estimator and the predictor on loopback, three instances, an open-loop load.
+
+Starts a redis-server, publishes three instances (the paper's Qwen3 pool) with live snapshots as snapshotters would
+(registration, snapshot with eq. 12 coefficients, refreshed every 100 ms), starts `bear serve predictor` (on a small
+predictor trained here on the synthetic corpus) and `bear serve estimator` — or, when their modules are missing or
+with --fakes, one process of constant-answer fakes, and says which — then `bear serve router`, each its own process.
+The load generator (this process, asyncio + uvloop, one channel) sends Route calls with Poisson arrivals and measures
+each call's latency at the client; the router's own `decision_ms` (its answer's field) and the router process's
+CPU time per call are reported beside it.
+
+It prints p50 / p99 at --rate (default 200 requests/s), then raises the rate until p99 exceeds --p99-limit-ms
+(default 10) and prints the highest rate that stayed within it.
+
+    python benchmarks/route_bench.py [--rate 200] [--seconds 10] [--prompts short|mixed] [--fakes] [--tracing]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+INSTANCES = (("small-0", "small", "Qwen3-0.6B", 0.044, 0.173, 2, 1), ("medium-0", "medium", "Qwen3-8B", 0.072, 0.287,
+             4, 0), ("large-0", "large", "Qwen3-32B", 0.287, 0.640, 8, 2))  # id, pool, model, prices, running, waiting
+SHORT_PROMPTS = (
+    "Give three tips for staying healthy. Answer in 50 words.",
+    "What is the capital of Australia, and why was it chosen over Sydney?",
+    "Rewrite this sentence in the passive voice: the committee approved the budget on Monday.",
+    "Write a haiku about autumn rain on a tin roof.",
+    "Explain the difference between a process and a thread to a new programmer, with one example each.",
+    "Translate into French: the meeting has been moved to Thursday afternoon.",
+    "List five uses of baking soda around the house.",
+    "Summarize the plot of Romeo and Juliet in three sentences.",
+)
+
+
+def main() -> int:
+    args = _parse_args()
+    if args.serve_fakes:
+        return _serve_fakes()
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="route-bench-")))
+        redis_url = stack.enter_context(_redis_server())
+        stack.enter_context(_snapshotters(redis_url))
+        estimator, predictor, kind = _neighbours(stack, args, tmp, redis_url)
+        router = stack.enter_context(_process(["serve", "router", "--host=127.0.0.1", "--grpc-port=0",
+                                               "--metrics-port=0", f"--estimator-address={estimator}",
+                                               f"--predictor-address={predictor}", f"--redis-url={redis_url}"],
+                                              tmp / "router.log", tracing=args.tracing))
+        prompts = _prompts(args.prompts)
+        print(f"router + {kind} on loopback, 3 instances, {os.cpu_count()} CPUs; prompts: {args.prompts} "
+              f"({len(prompts)} distinct); tracing: {'SDK on, spans exported to nowhere' if args.tracing else 'off'}")
+        asyncio_run(_load(router, prompts, rate_rps=args.rate, seconds=2.0))  # warm-up
+        stages_before = _stage_seconds(router)
+        result = asyncio_run(_load(router, prompts, rate_rps=args.rate, seconds=args.seconds))
+        print(_header())
+        print(_row(args.rate, result))
+        print("   mean per stage inside the router: " + _stage_means(stages_before, _stage_seconds(router))
+              + " (predict and estimate run at once; record is off the path)")
+        best = None
+        for rate in _rates(args.rate):
+            for attempt in range(2):  # a step that fails is run once more: one noisy second should not end the sweep
+                result = asyncio_run(_load(router, prompts, rate_rps=rate, seconds=args.sweep_seconds))
+                print(_row(rate, result) + ("  (again)" if attempt else ""))
+                within = not result.errors and _percentile(result.client_ms, 99) <= args.p99_limit_ms
+                if within:
+                    break
+            if not within:
+                break
+            best = rate
+        print(f"highest rate sustained with p99 <= {args.p99_limit_ms:g} ms: "
+              f"{'below ' + str(_rates(args.rate)[0]) if best is None else best} requests/s")
+    return 0
+
+
+def _parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rate", type=float, default=200.0, help="requests per second of the main measurement")
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of the main measurement")
+    parser.add_argument("--sweep-seconds", type=float, default=5.0, help="length of each step of the rate sweep")
+    parser.add_argument("--p99-limit-ms", type=float, default=10.0)
+    parser.add_argument("--prompts", choices=("short", "mixed"), default="short",
+                        help="short chat prompts (10-30 tokens), or the synthetic corpus's four regimes")
+    parser.add_argument("--fakes", action="store_true", help="constant-answer fakes instead of the real services")
+    parser.add_argument("--tracing", action="store_true", help="leave OpenTelemetry on (default: OTEL_SDK_DISABLED, "
+                                                               "as the chart sets without a collector)")
+    parser.add_argument("--serve-fakes", action="store_true", help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+def _rates(start: float) -> list[float]:
+    return [start * f for f in (1.25, 1.5, 1.75, 2, 2.5, 3, 3.5, 4, 5, 6, 8, 10)]
+
+
+# The load --------------------------------------------------------------------------------------------------------
+
+class Result:
+    def __init__(self) -> None:
+        self.client_ms: list[float] = []
+        self.router_ms: list[float] = []
+        self.degraded = 0
+        self.errors = 0
+        self.late_s = 0.0  # how far the generator fell behind its schedule
+        self.router_cpu_ms = 0.0  # the router process's CPU time per call
+
+
+async def _load(router: Proc, prompts: list[str], rate_rps: float, seconds: float) -> Result:
+    from bear.router.client import AsyncRouterClient, RouterError
+
+    result = Result()
+    cpu_before = router.cpu_s()
+    rng = random.Random(7)
+
+    async def one(prompt: str) -> None:
+        started = time.perf_counter()
+        try:
+            decision = await client.route(prompt, ttft_slo_ms=500.0)
+        except RouterError:
+            result.errors += 1
+            return
+        result.client_ms.append((time.perf_counter() - started) * 1000)
+        result.router_ms.append(decision.decision_ms)
+        result.degraded += decision.degraded
+
+    async with AsyncRouterClient(router.address, timeout_s=5.0) as client:
+        tasks, due = [], time.perf_counter()
+        end = due + seconds
+        while due < end:
+            wait = due - time.perf_counter()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            else:
+                result.late_s = max(result.late_s, -wait)
+            tasks.append(asyncio.create_task(one(rng.choice(prompts))))
+            due += rng.expovariate(rate_rps)
+        await asyncio.gather(*tasks)
+    result.router_cpu_ms = (router.cpu_s() - cpu_before) * 1000 / max(1, len(result.client_ms))
+    return result
+
+
+def asyncio_run(coro):  # noqa: ANN001, ANN201
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+
+
+def _header() -> str:
+    return (f"{'rate/s':>7} {'calls':>6} | {'client p50':>10} {'p99':>7} {'max':>7} | {'router p50':>10} {'p99':>7} | "
+            f"{'CPU/call':>8} | {'degraded':>8} {'errors':>6}")
+
+
+def _row(rate: float, r: Result) -> str:
+    return (f"{rate:>7.0f} {len(r.client_ms):>6} | {_percentile(r.client_ms, 50):>8.2f}ms "
+            f"{_percentile(r.client_ms, 99):>5.2f}ms {max(r.client_ms, default=float('nan')):>5.1f}ms | "
+            f"{_percentile(r.router_ms, 50):>8.2f}ms {_percentile(r.router_ms, 99):>5.2f}ms {r.router_cpu_ms:>6.2f}ms | "
+            f"{r.degraded:>8} {r.errors:>6}" + (f"  (generator {r.late_s * 1000:.0f} ms late)" if r.late_s > 0.05
+                                                  else ""))
+
+
+def _stage_seconds(router: Proc) -> dict[str, tuple[float, float]]:
+    """The router's bear_router_stage_seconds: (sum, count) by stage, scraped from its /metrics."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{router.metrics_port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    sums: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in ("bear_router_stage_seconds_sum", "bear_router_stage_seconds_count"):
+                slot = sums.setdefault(sample.labels["stage"], [0.0, 0.0])
+                slot[sample.name.endswith("_count")] = sample.value
+    return {stage: (total, count) for stage, (total, count) in sums.items()}
+
+
+def _stage_means(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> str:
+    means = []
+    for stage, (total, count) in after.items():
+        total_before, count_before = before.get(stage, (0.0, 0.0))
+        if count > count_before:
+            means.append(f"{stage} {(total - total_before) / (count - count_before) * 1000:.2f} ms")
+    return ", ".join(means)
+
+
+def _prompts(kind: str) -> list[str]:
+    if kind == "short":
+        return list(SHORT_PROMPTS)
+    from bear.predictor.synthetic_corpus import generate
+
+    return list(dict.fromkeys(generate(600, seed=5).table.prompts))
+
+
+# The neighbours ---------------------------------------------------------------------------------------------------
+
+def _neighbours(stack: ExitStack, args: argparse.Namespace, tmp: Path, redis_url: str) -> tuple[str, str, str]:
+    import importlib.util
+
+    missing = [m for m in ("bear.estimator.main", "bear.predictor.main") if importlib.util.find_spec(m) is None]
+    if args.fakes or missing:
+        why = "--fakes" if args.fakes else f"{', '.join(missing)} missing"
+        fakes = stack.enter_context(_process([], tmp / "fakes.log", script=True))
+        estimator, predictor = fakes.address.split(",")
+        return estimator, predictor, f"FAKE estimator and predictor ({why})"
+    model_dir = tmp / "predictor"
+    _train_predictor(model_dir)
+    predictor = stack.enter_context(_process(["serve", "predictor", "--host=127.0.0.1", "--grpc-port=0",
+                                              "--metrics-port=off", f"--model-dir={model_dir}"], tmp / "p.log"))
+    estimator = stack.enter_context(_process(["serve", "estimator", "--host=127.0.0.1", "--grpc-port=0",
+                                              "--metrics-port=off", f"--redis-url={redis_url}",
+                                              f"--predictor-model-dir={model_dir}"], tmp / "e.log"))
+    return estimator.address, predictor.address, "the real estimator and predictor services"
+
+
+def _train_predictor(folder: Path) -> None:
+    from bear.predictor.catalog import PAPER_POOL
+    from bear.predictor.synthetic_corpus import generate
+    from bear.predictor.training import TrainingConfig, train
+
+    train(generate(1500, seed=11).table, PAPER_POOL, TrainingConfig(num_trees=100)).save(folder)
+
+
+class Proc:
+    def __init__(self, address: str, pid: int, metrics_port: int | None = None) -> None:
+        self.address, self.pid, self.metrics_port = address, pid, metrics_port
+
+    def cpu_s(self) -> float:
+        """CPU time (user + system) the process has used so far (Linux /proc)."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def _process(arguments: list[str], log: Path, *, script: bool = False, tracing: bool = False) -> Iterator[Proc]:
+    """A BEAR process (or this script serving fakes), with the address it announced on its first line."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("BEAR_", "OTEL_"))}
+    if not tracing:
+        environ["OTEL_SDK_DISABLED"] = "true"
+    command = ([sys.executable, __file__, "--serve-fakes"] if script
+               else [sys.executable, "-m", "bear.cli.main", *arguments])
+    with log.open("w") as err:
+        process = subprocess.Popen(command, env=environ, stdout=subprocess.PIPE, stderr=err, text=True)
+        try:
+            assert process.stdout is not None
+            line = process.stdout.readline().strip()
+            if not line:
+                raise SystemExit(f"{' '.join(command)} did not start: {log.read_text()[-2000:]}")
+            if script:
+                yield Proc(line, process.pid)
+            else:
+                ports = dict(part.split("=") for part in line.split())
+                metrics = ports.get("metrics_port", "")
+                yield Proc(f"127.0.0.1:{ports['grpc_port']}", process.pid,
+                           int(metrics) if metrics.isdigit() else None)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
+
+
+@contextmanager
+def _redis_server() -> Iterator[str]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("redis-server is not installed (make redis)")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+                                "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        process.kill()
+        process.wait()
+
+
+@contextmanager
+def _snapshotters(redis_url: str) -> Iterator[None]:
+    """Registrations and live snapshots of the three instances, refreshed every 100 ms."""
+    import redis
+
+    from bear.common import redis_keys
+    from bear.v1 import calibration_pb2, snapshot_pb2
+
+    client = redis.Redis.from_url(redis_url)
+    snapshots = []
+    for instance_id, pool, model, price_in, price_out, running, waiting in INSTANCES:
+        client.set(redis_keys.instance_key(instance_id), snapshot_pb2.InstanceRegistration(
+            instance_id=instance_id, pool=pool, model=model, endpoint=f"http://{instance_id}:8000",
+            input_usd_per_million_tokens=price_in, output_usd_per_million_tokens=price_out).SerializeToString())
+        client.zadd(redis_keys.INSTANCES, {instance_id: time.time()})
+        engine = snapshot_pb2.EngineConfig(max_num_batched_tokens=8192, max_num_seqs=256, block_size=16,
+                                           num_gpu_blocks=20_000, max_model_len=32_768, enable_chunked_prefill=True)
+        residents = [snapshot_pb2.RequestState(request_id=f"{instance_id}-r{k}", num_prompt_tokens=300,
+                                               num_computed_tokens=340, num_output_tokens=41,
+                                               num_allocated_blocks=22) for k in range(running)]
+        queue = [snapshot_pb2.RequestState(request_id=f"{instance_id}-w{k}", num_prompt_tokens=800)
+                 for k in range(waiting)]
+        snapshots.append(snapshot_pb2.InstanceSnapshot(
+            instance_id=instance_id, pool=pool, model=model, engine=engine, running=residents, waiting=queue,
+            num_free_blocks=20_000 - 22 * running, batch_time=calibration_pb2.BatchTimeCoefficients(
+                intercept_s=0.004, per_token_s=2e-5, per_decode_context_token_s=1e-8,
+                per_prefill_attention_token_s=1e-9, num_samples=500, mape=0.05, prefill_tokens_per_s=40_000)))
+    stop = threading.Event()
+
+    def publish() -> None:
+        now = time.time()
+        for sequence, message in enumerate(snapshots):
+            message.taken_at_s = message.read_at_s = now
+            message.sequence_number = int(now * 1000) + sequence
+            payload = message.SerializeToString()
+            client.set(redis_keys.snapshot_key(message.instance_id), payload, px=10_000)
+            client.publish(redis_keys.SNAPSHOTS_CHANNEL, payload)
+
+    def run() -> None:
+        while not stop.wait(0.1):
+            publish()
+
+    publish()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
+        client.close()
+
+
+def _serve_fakes() -> int:
+    """Constant-answer Estimator and Predictor servers; prints `estimator_address,predictor_address`."""
+    import grpc
+
+    from bear.v1 import estimator_pb2, estimator_pb2_grpc, predictor_pb2, predictor_pb2_grpc
+
+    class Predictor(predictor_pb2_grpc.PredictorServicer):
+        async def Predict(self, request, context):  # noqa: ANN001, ANN202, N802
+            tokens = max(1, len(request.prompt.split()))
+            return predictor_pb2.PredictResponse(predictions=[
+                predictor_pb2.ModelPrediction(model=model, accuracy=0.5 + 0.1 * k, output_tokens=200.0,
+                                              prompt_tokens=tokens, cost_micro_usd=tokens * p_in + 200 * p_out)
+                for k, (_, _, model, p_in, p_out, _, _) in enumerate(INSTANCES)])
+
+    class Estimator(estimator_pb2_grpc.EstimatorServicer):
+        async def Estimate(self, request, context):  # noqa: ANN001, ANN202, N802
+            return estimator_pb2.EstimateResponse(estimates=[
+                estimator_pb2.InstanceEstimate(instance_id=i, method=estimator_pb2.ESTIMATE_METHOD_REPLAY, known=True,
+                                               feasible=True, ttft_ms=50.0 * (k + 1), snapshot_age_ms=20.0,
+                                               num_running=k, num_batches=2)
+                for k, i in enumerate(request.instance_ids)])
+
+    async def serve() -> None:
+        servers = []
+        for add, servicer in ((estimator_pb2_grpc.add_EstimatorServicer_to_server, Estimator()),
+                              (predictor_pb2_grpc.add_PredictorServicer_to_server, Predictor())):
+            server = grpc.aio.server()
+            add(servicer, server)
+            servers.append((server, server.add_insecure_port("127.0.0.1:0")))
+            await server.start()
+        print(",".join(f"127.0.0.1:{port}" for _, port in servers), flush=True)
+        stopped = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopped.set)
+        await stopped.wait()
+        for server, _ in servers:
+            await server.stop(None)
+
+    asyncio_run(serve())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

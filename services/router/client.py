@@ -1,0 +1,167 @@
+"""A typed Python client of the router (bear.v1.Router), blocking or asyncio.
+
+    from bear.router.client import RouterClient
+
+    with RouterClient("localhost:50051") as router:
+        decision = router.route(prompt="Summarize the audit report in about 200 words.", ttft_slo_ms=500)
+        print(decision.instance_id, decision.endpoint, decision.reason)
+        ...  # send the query to decision.endpoint with X-Request-Id: decision.request_id, then:
+        router.report_outcome(decision.request_id, observed_ttft_ms=312.0, output_tokens=180, observed_e2e_ms=2900)
+
+`AsyncRouterClient` has the same methods as coroutines. Replies are the bear.v1 messages (`RouteDecision`,
+`OutcomeAck`). Every call has a deadline (`timeout_s`, per client and per call). Errors:
+
+    InvalidRequest      the router refused the request (INVALID_ARGUMENT); the message names the field
+    RouterUnavailable   the router is unreachable, or no instance is ready (UNAVAILABLE)
+    RouterTimeout       the deadline passed (DEADLINE_EXCEEDED)
+    RouterError         anything else (the base class of the three)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import TracebackType
+
+import grpc
+
+from bear.v1 import router_pb2, router_pb2_grpc
+
+DEFAULT_TIMEOUT_S = 1.0
+
+
+class RouterError(Exception):
+    """A failed call; `code` is the gRPC status code."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code, self.message = code, message
+
+
+class InvalidRequest(RouterError):
+    pass
+
+
+class RouterUnavailable(RouterError):
+    pass
+
+
+class RouterTimeout(RouterError):
+    pass
+
+
+def route_request(*, prompt: str | None, prompt_tokens: int | None, ttft_slo_ms: float, policy: str,
+                  allowed_models: Sequence[str], request_id: str, lambda_per_micro_usd: float | None,
+                  delta_per_s: float | None) -> router_pb2.RouteRequest:
+    """The RouteRequest of these arguments; exactly one of `prompt` and `prompt_tokens`."""
+    if (prompt is None) == (prompt_tokens is None):
+        raise ValueError("give either prompt (the text) or prompt_tokens (a length-only query), not both")
+    request = router_pb2.RouteRequest(request_id=request_id, ttft_slo_ms=ttft_slo_ms, policy=policy,
+                                      allowed_models=list(allowed_models))
+    if prompt is not None:
+        request.prompt = prompt
+    else:
+        request.prompt_tokens = prompt_tokens  # type: ignore[assignment]
+    if lambda_per_micro_usd is not None:
+        request.lambda_per_micro_usd = lambda_per_micro_usd
+    if delta_per_s is not None:
+        request.delta_per_s = delta_per_s
+    return request
+
+
+def error_of(error: grpc.RpcError) -> RouterError:
+    code = error.code()  # type: ignore[attr-defined]
+    message = error.details() or ""  # type: ignore[attr-defined]
+    kind = {grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest, grpc.StatusCode.UNAVAILABLE: RouterUnavailable,
+            grpc.StatusCode.DEADLINE_EXCEEDED: RouterTimeout}.get(code, RouterError)
+    return kind(code, message)
+
+
+class RouterClient:
+    """Blocking client. Give `address` (host:port; a plaintext channel is opened and closed by the client) or your
+    own `channel` (TLS, interceptors; you close it)."""
+
+    def __init__(self, address: str | None = None, *, channel: grpc.Channel | None = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        if (address is None) == (channel is None):
+            raise ValueError("give either address or channel")
+        self._own = channel is None
+        self._channel = channel or grpc.insecure_channel(address)  # type: ignore[arg-type]
+        self._stub = router_pb2_grpc.RouterStub(self._channel)
+        self._timeout_s = timeout_s
+
+    def route(self, prompt: str | None = None, *, ttft_slo_ms: float, prompt_tokens: int | None = None,
+              policy: str = "", allowed_models: Sequence[str] = (), request_id: str = "",
+              lambda_per_micro_usd: float | None = None, delta_per_s: float | None = None,
+              timeout_s: float | None = None) -> router_pb2.RouteDecision:
+        request = route_request(prompt=prompt, prompt_tokens=prompt_tokens, ttft_slo_ms=ttft_slo_ms, policy=policy,
+                                allowed_models=allowed_models, request_id=request_id,
+                                lambda_per_micro_usd=lambda_per_micro_usd, delta_per_s=delta_per_s)
+        try:
+            return self._stub.Route(request, timeout=timeout_s or self._timeout_s)
+        except grpc.RpcError as error:
+            raise error_of(error) from None
+
+    def report_outcome(self, request_id: str, *, observed_ttft_ms: float, output_tokens: int = 0,
+                       observed_e2e_ms: float = 0.0, timeout_s: float | None = None) -> router_pb2.OutcomeAck:
+        report = router_pb2.OutcomeReport(request_id=request_id, observed_ttft_ms=observed_ttft_ms,
+                                          output_tokens=output_tokens, observed_e2e_ms=observed_e2e_ms)
+        try:
+            return self._stub.ReportOutcome(report, timeout=timeout_s or self._timeout_s)
+        except grpc.RpcError as error:
+            raise error_of(error) from None
+
+    def close(self) -> None:
+        if self._own:
+            self._channel.close()
+
+    def __enter__(self) -> RouterClient:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
+
+class AsyncRouterClient:
+    """asyncio client (create it inside the event loop that uses it)."""
+
+    def __init__(self, address: str | None = None, *, channel: grpc.aio.Channel | None = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        if (address is None) == (channel is None):
+            raise ValueError("give either address or channel")
+        self._own = channel is None
+        self._channel = channel or grpc.aio.insecure_channel(address)  # type: ignore[arg-type]
+        self._stub = router_pb2_grpc.RouterStub(self._channel)
+        self._timeout_s = timeout_s
+
+    async def route(self, prompt: str | None = None, *, ttft_slo_ms: float, prompt_tokens: int | None = None,
+                    policy: str = "", allowed_models: Sequence[str] = (), request_id: str = "",
+                    lambda_per_micro_usd: float | None = None, delta_per_s: float | None = None,
+                    timeout_s: float | None = None) -> router_pb2.RouteDecision:
+        request = route_request(prompt=prompt, prompt_tokens=prompt_tokens, ttft_slo_ms=ttft_slo_ms, policy=policy,
+                                allowed_models=allowed_models, request_id=request_id,
+                                lambda_per_micro_usd=lambda_per_micro_usd, delta_per_s=delta_per_s)
+        try:
+            return await self._stub.Route(request, timeout=timeout_s or self._timeout_s)
+        except grpc.RpcError as error:
+            raise error_of(error) from None
+
+    async def report_outcome(self, request_id: str, *, observed_ttft_ms: float, output_tokens: int = 0,
+                             observed_e2e_ms: float = 0.0, timeout_s: float | None = None) -> router_pb2.OutcomeAck:
+        report = router_pb2.OutcomeReport(request_id=request_id, observed_ttft_ms=observed_ttft_ms,
+                                          output_tokens=output_tokens, observed_e2e_ms=observed_e2e_ms)
+        try:
+            return await self._stub.ReportOutcome(report, timeout=timeout_s or self._timeout_s)
+        except grpc.RpcError as error:
+            raise error_of(error) from None
+
+    async def close(self) -> None:
+        if self._own:
+            await self._channel.close()
+
+    async def __aenter__(self) -> AsyncRouterClient:
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                        traceback: TracebackType | None) -> None:
+        await self.close()

@@ -1,0 +1,184 @@
+"""Settings of the router, read once at start-up: the only place of the router that reads the environment.
+
+Flags over the environment over an optional YAML file (`bear.common.config_sources`; in the file, the names below
+without BEAR_, in lower case, e.g. `default_policy: bear`):
+
+    BEAR_ROUTER_HOST                   listen address (default [::])
+    BEAR_ROUTER_GRPC_PORT              gRPC port, 0 for any free one (default 50051)             --grpc-port
+    BEAR_ROUTER_METRICS_PORT           Prometheus /metrics port, 0 for any, off for none (9464)  --metrics-port
+    BEAR_ESTIMATOR_ADDRESS             host:port of the estimator (default localhost:50052)     --estimator-address
+    BEAR_PREDICTOR_ADDRESS             host:port of the predictor (default localhost:50053)     --predictor-address
+    BEAR_DEFAULT_POLICY                policy of requests that name none (default bear)         --default-policy
+    BEAR_FALLBACK_POLICY               policy when the predictor or the estimator is unavailable (default
+                                       shortest-queue; round-robin when no queue lengths are known) --fallback-policy
+    BEAR_ROUTER_POLICY_PARAMS          policies' parameters, JSON: {"bear": {"safety": 1.1, "fallback": "shed"}}
+    BEAR_ROUTER_ESTIMATOR_TIMEOUT_MS   deadline of each Estimate call (default 100)
+    BEAR_ROUTER_PREDICTOR_TIMEOUT_MS   deadline of each Predict call (default 100)
+    BEAR_ROUTER_REDIS_TIMEOUT_MS       deadline of the router's Redis calls (default 50); after a failure Redis
+                                       is left alone for 0.5 s
+    BEAR_LAMBDA_PER_MICRO_USD          cost weight λ of eq. 4 for requests that give none (default 5e-4)
+    BEAR_ROUTER_HORIZON_FACTOR         replays stop at this × the TTFT target + 1 s (default 4)
+    BEAR_ROUTER_MAX_TTFT_SLO_MS        largest TTFT target accepted (default 600000)
+    BEAR_ROUTER_MAX_PROMPT_BYTES       largest prompt text accepted, UTF-8 bytes (default 1000000)
+    BEAR_ROUTER_MAX_PROMPT_TOKENS      largest prompt accepted, tokens (default 262144)
+    BEAR_ROUTER_DEFAULT_OUTPUT_TOKENS  predicted length without a prediction (default 256)
+    BEAR_ROUTER_TOKENIZER              counts prompt tokens for the estimator: qwen (default) or pretokens
+    BEAR_ROUTER_REFRESH_S              how often instance registrations are re-read from Redis (default 1)
+    BEAR_ROUTER_FORGET_AFTER_S         a registration gone from Redis is still routed to this long (default 15)
+    BEAR_ROUTER_FALLBACK_SNAPSHOT_AGE_S snapshots older than this give the fallback no queue lengths (default 10)
+    BEAR_SHUTDOWN_GRACE_S              calls in flight may finish this long after SIGTERM (default 5)
+
+plus Redis (`bear.common.redis_config`: BEAR_REDIS_URL, ...) and discovery (`bear.discovery.config`:
+BEAR_DISCOVERY, BEAR_NAMESPACE, BEAR_POOLS_FILE, ...). Tracing follows the standard OTEL_* variables.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from bear.common.config_sources import env_float, env_int, env_optional_port, layered_environ
+from bear.common.redis_config import RedisConfig
+from bear.discovery.config import DiscoveryConfig
+
+TOKENIZERS = ("qwen", "pretokens")
+REDIS_ENVIRONMENT = ("BEAR_REDIS_URL", "BEAR_REDIS_PASSWORD", "BEAR_REDIS_TLS", "BEAR_REDIS_TLS_CA_FILE",
+                     "BEAR_REDIS_TLS_CERT_FILE", "BEAR_REDIS_TLS_KEY_FILE", "BEAR_REDIS_TIMEOUT_S",
+                     "BEAR_REDIS_EMBEDDED_PATH")
+DISCOVERY_ENVIRONMENT = ("BEAR_DISCOVERY", "BEAR_NAMESPACE", "BEAR_POOLS_FILE", "BEAR_DISCOVERY_WATCH_TIMEOUT_S",
+                         "BEAR_DISCOVERY_BACKOFF_CAP_S")
+ENVIRONMENT = (
+    "BEAR_ROUTER_HOST", "BEAR_ROUTER_GRPC_PORT", "BEAR_ROUTER_METRICS_PORT", "BEAR_ESTIMATOR_ADDRESS",
+    "BEAR_PREDICTOR_ADDRESS", "BEAR_DEFAULT_POLICY", "BEAR_FALLBACK_POLICY", "BEAR_ROUTER_POLICY_PARAMS",
+    "BEAR_ROUTER_ESTIMATOR_TIMEOUT_MS", "BEAR_ROUTER_PREDICTOR_TIMEOUT_MS", "BEAR_ROUTER_REDIS_TIMEOUT_MS",
+    "BEAR_LAMBDA_PER_MICRO_USD", "BEAR_ROUTER_HORIZON_FACTOR", "BEAR_ROUTER_MAX_TTFT_SLO_MS",
+    "BEAR_ROUTER_MAX_PROMPT_BYTES", "BEAR_ROUTER_MAX_PROMPT_TOKENS", "BEAR_ROUTER_DEFAULT_OUTPUT_TOKENS",
+    "BEAR_ROUTER_TOKENIZER", "BEAR_ROUTER_REFRESH_S", "BEAR_ROUTER_FORGET_AFTER_S",
+    "BEAR_ROUTER_FALLBACK_SNAPSHOT_AGE_S", "BEAR_SHUTDOWN_GRACE_S",
+    *REDIS_ENVIRONMENT, *DISCOVERY_ENVIRONMENT,
+)
+FLAGS = {  # flag → (environment variable, help)
+    "--host": ("BEAR_ROUTER_HOST", "listen address (default [::])"),
+    "--grpc-port": ("BEAR_ROUTER_GRPC_PORT", "gRPC port, 0 for any free one (default 50051)"),
+    "--metrics-port": ("BEAR_ROUTER_METRICS_PORT", "Prometheus /metrics port, 0 for any, off for none (9464)"),
+    "--estimator-address": ("BEAR_ESTIMATOR_ADDRESS", "the estimator, host:port (default localhost:50052)"),
+    "--predictor-address": ("BEAR_PREDICTOR_ADDRESS", "the predictor, host:port (default localhost:50053)"),
+    "--default-policy": ("BEAR_DEFAULT_POLICY", "policy of requests that name none (default bear)"),
+    "--fallback-policy": ("BEAR_FALLBACK_POLICY", "policy when a dependency is down (default shortest-queue)"),
+    "--redis-url": ("BEAR_REDIS_URL", "Redis URL (default: an embedded Redis)"),
+    "--pools-file": ("BEAR_POOLS_FILE", "the pools file (bear.discovery)"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    host: str = "[::]"
+    grpc_port: int = 50051
+    metrics_port: int | None = 9464  # None: no /metrics
+    estimator_address: str = "localhost:50052"
+    predictor_address: str = "localhost:50053"
+    default_policy: str = "bear"
+    fallback_policy: str = "shortest-queue"
+    policy_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # policy name → its parameters
+    estimator_timeout_s: float = 0.1
+    predictor_timeout_s: float = 0.1
+    redis_timeout_s: float = 0.05
+    lambda_per_micro_usd: float = 5e-4
+    horizon_factor: float = 4.0
+    max_ttft_slo_ms: float = 600_000.0
+    max_prompt_bytes: int = 1_000_000
+    max_prompt_tokens: int = 262_144
+    default_output_tokens: float = 256.0
+    tokenizer: str = "qwen"
+    refresh_interval_s: float = 1.0
+    forget_after_s: float = 15.0
+    fallback_snapshot_max_age_s: float = 10.0
+    shutdown_grace_s: float = 5.0
+    redis: RedisConfig = field(default_factory=RedisConfig)
+    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.grpc_port < 65536, "BEAR_ROUTER_GRPC_PORT must be a port number")
+        _require(self.metrics_port is None or 0 <= self.metrics_port < 65536,
+                 "BEAR_ROUTER_METRICS_PORT must be a port number or off")
+        _require(bool(self.estimator_address), "BEAR_ESTIMATOR_ADDRESS must not be empty")
+        _require(bool(self.predictor_address), "BEAR_PREDICTOR_ADDRESS must not be empty")
+        for name, value in (("BEAR_ROUTER_ESTIMATOR_TIMEOUT_MS", self.estimator_timeout_s),
+                            ("BEAR_ROUTER_PREDICTOR_TIMEOUT_MS", self.predictor_timeout_s),
+                            ("BEAR_ROUTER_REDIS_TIMEOUT_MS", self.redis_timeout_s),
+                            ("BEAR_ROUTER_HORIZON_FACTOR", self.horizon_factor),
+                            ("BEAR_ROUTER_MAX_TTFT_SLO_MS", self.max_ttft_slo_ms),
+                            ("BEAR_ROUTER_REFRESH_S", self.refresh_interval_s),
+                            ("BEAR_ROUTER_FORGET_AFTER_S", self.forget_after_s),
+                            ("BEAR_ROUTER_FALLBACK_SNAPSHOT_AGE_S", self.fallback_snapshot_max_age_s)):
+            _require(math.isfinite(value) and value > 0, f"{name} must be > 0, got {value!r}")
+        _require(self.default_output_tokens >= 1, "BEAR_ROUTER_DEFAULT_OUTPUT_TOKENS must be >= 1")
+        _require(math.isfinite(self.lambda_per_micro_usd) and self.lambda_per_micro_usd >= 0,
+                 f"BEAR_LAMBDA_PER_MICRO_USD must be >= 0, got {self.lambda_per_micro_usd!r}")
+        _require(self.max_prompt_bytes > 0, "BEAR_ROUTER_MAX_PROMPT_BYTES must be > 0")
+        _require(self.max_prompt_tokens > 0, "BEAR_ROUTER_MAX_PROMPT_TOKENS must be > 0")
+        _require(self.tokenizer in TOKENIZERS,
+                 f"BEAR_ROUTER_TOKENIZER must be one of {', '.join(TOKENIZERS)}, got {self.tokenizer!r}")
+        _require(self.shutdown_grace_s >= 0, "BEAR_SHUTDOWN_GRACE_S must be >= 0")
+
+    @staticmethod
+    def from_environ(environ: Mapping[str, str]) -> RouterConfig:
+        d = RouterConfig()
+        return RouterConfig(
+            host=environ.get("BEAR_ROUTER_HOST") or d.host,
+            grpc_port=env_int(environ, "BEAR_ROUTER_GRPC_PORT", d.grpc_port),
+            metrics_port=env_optional_port(environ, "BEAR_ROUTER_METRICS_PORT", d.metrics_port),
+            estimator_address=environ.get("BEAR_ESTIMATOR_ADDRESS", "").strip() or d.estimator_address,
+            predictor_address=environ.get("BEAR_PREDICTOR_ADDRESS", "").strip() or d.predictor_address,
+            default_policy=environ.get("BEAR_DEFAULT_POLICY", "").strip() or d.default_policy,
+            fallback_policy=environ.get("BEAR_FALLBACK_POLICY", "").strip() or d.fallback_policy,
+            policy_params=_policy_params(environ.get("BEAR_ROUTER_POLICY_PARAMS", "")),
+            estimator_timeout_s=_ms(environ, "BEAR_ROUTER_ESTIMATOR_TIMEOUT_MS", d.estimator_timeout_s),
+            predictor_timeout_s=_ms(environ, "BEAR_ROUTER_PREDICTOR_TIMEOUT_MS", d.predictor_timeout_s),
+            redis_timeout_s=_ms(environ, "BEAR_ROUTER_REDIS_TIMEOUT_MS", d.redis_timeout_s),
+            lambda_per_micro_usd=env_float(environ, "BEAR_LAMBDA_PER_MICRO_USD", d.lambda_per_micro_usd),
+            horizon_factor=env_float(environ, "BEAR_ROUTER_HORIZON_FACTOR", d.horizon_factor),
+            max_ttft_slo_ms=env_float(environ, "BEAR_ROUTER_MAX_TTFT_SLO_MS", d.max_ttft_slo_ms),
+            max_prompt_bytes=env_int(environ, "BEAR_ROUTER_MAX_PROMPT_BYTES", d.max_prompt_bytes),
+            max_prompt_tokens=env_int(environ, "BEAR_ROUTER_MAX_PROMPT_TOKENS", d.max_prompt_tokens),
+            default_output_tokens=env_float(environ, "BEAR_ROUTER_DEFAULT_OUTPUT_TOKENS", d.default_output_tokens),
+            tokenizer=environ.get("BEAR_ROUTER_TOKENIZER", "").strip() or d.tokenizer,
+            refresh_interval_s=env_float(environ, "BEAR_ROUTER_REFRESH_S", d.refresh_interval_s),
+            forget_after_s=env_float(environ, "BEAR_ROUTER_FORGET_AFTER_S", d.forget_after_s),
+            fallback_snapshot_max_age_s=env_float(environ, "BEAR_ROUTER_FALLBACK_SNAPSHOT_AGE_S",
+                                                  d.fallback_snapshot_max_age_s),
+            shutdown_grace_s=env_float(environ, "BEAR_SHUTDOWN_GRACE_S", d.shutdown_grace_s),
+            redis=RedisConfig.from_environ(environ),
+            discovery=DiscoveryConfig.from_environ(environ),
+        )
+
+
+def load(flags: Mapping[str, object], config_file: str | None = None,
+         environ: Mapping[str, str] = os.environ) -> RouterConfig:
+    """The settings from the flags given (by environment variable; None: not given), the environment and the file."""
+    return RouterConfig.from_environ(layered_environ(environ, config_file, flags, ENVIRONMENT))
+
+
+def _policy_params(text: str) -> dict[str, dict[str, Any]]:
+    if not text.strip():
+        return {}
+    try:
+        params = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"BEAR_ROUTER_POLICY_PARAMS must be JSON: {error}") from None
+    if not isinstance(params, dict) or not all(isinstance(p, dict) for p in params.values()):
+        raise ValueError('BEAR_ROUTER_POLICY_PARAMS must map policy names to parameters, e.g. {"bear": {"safety": 1.1}}')
+    return params
+
+
+def _ms(environ: Mapping[str, str], name: str, default_s: float) -> float:
+    return env_float(environ, name, default_s * 1e3) / 1e3
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)

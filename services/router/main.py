@@ -1,0 +1,194 @@
+"""`bear serve router`: the wiring. Configuration → discovery, Redis, predictor and estimator channels, policies,
+tokenizer, telemetry → the Router and its gRPC server (bear.common.service: health, reflection, tracing, /metrics,
+graceful shutdown).
+
+Imports here stay light (the CLI imports this module to list its flags); the service's own modules are imported when
+it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import grpc
+    from opentelemetry import trace
+    from prometheus_client import CollectorRegistry
+
+    from bear.common.service import RunningServer
+    from bear.router.config import RouterConfig
+    from bear.router.router import Router
+
+logger = logging.getLogger("bear.router")
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from bear.router.config import FLAGS
+
+    parser.add_argument("--config", metavar="FILE", help="YAML file of settings (flags and environment override it)")
+    for flag, (name, text) in FLAGS.items():
+        parser.add_argument(flag, dest=name, metavar=flag.removeprefix("--").replace("-", "_").upper(),
+                            help=f"{text}; {name}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from bear.discovery.pools import PoolsFileError
+    from bear.router.config import FLAGS, load
+    from bear.common.service import run_event_loop
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = load({name: getattr(args, name, None) for name, _ in FLAGS.values()}, args.config)
+        run_event_loop(serve(config))
+    except (ValueError, PoolsFileError) as error:
+        print(f"bear serve router: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+@dataclass
+class RouterApp:
+    """A built router, not serving yet: register it on a server, run `background`, `close` at the end."""
+
+    router: Router
+    register: Callable[[grpc.aio.Server], list[str]]
+    background: list[Callable[[], Awaitable[None]]]
+    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+    async def close(self) -> None:
+        for close in reversed(self.closers):
+            try:
+                await close()
+            except Exception:  # noqa: BLE001 - closing the rest matters more
+                logger.exception("closing the router")
+
+
+async def build(config: RouterConfig, registry: CollectorRegistry | None = None,
+                tracer: trace.Tracer | None = None) -> RouterApp:
+    """Everything the router needs, built from its settings (call from the event loop that will serve it)."""
+    from opentelemetry import trace as otel_trace
+    from prometheus_client import REGISTRY
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    from bear.common.redis_config import connect_async
+    from bear.discovery.factory import open_discovery
+    from bear.router import server, upstream
+    from bear.router.pool import InstancePool
+    from bear.router.query import Limits
+    from bear.router.router import Router, RouterSettings
+    from bear.router.store import RedisStore
+    from bear.router.telemetry import RouterMetrics, Telemetry
+
+    policies, fallback = build_policies(config)
+    count_tokens = token_counter(config.tokenizer)
+    discovery = open_discovery(config.discovery)
+    discovery.start()
+    closers: list[Callable[[], Awaitable[None]]] = [lambda: asyncio.to_thread(discovery.stop)]
+    await asyncio.to_thread(discovery.wait_until_synced, 10.0)
+    client = connect_async(config.redis)
+    client.set_retry(Retry(NoBackoff(), 0))  # one attempt per deadline; the store backs off
+    store = RedisStore(client, config.redis_timeout_s)
+    closers.append(store.close)
+    telemetry = Telemetry(tracer or otel_trace.get_tracer("bear.router"),
+                          RouterMetrics(REGISTRY if registry is None else registry))
+    predictor_channel = upstream.open_channel(config.predictor_address, telemetry.tracing)
+    estimator_channel = upstream.open_channel(config.estimator_address, telemetry.tracing)
+    closers += [lambda: predictor_channel.close(), lambda: estimator_channel.close()]
+    settings = RouterSettings(config.default_policy, config.lambda_per_micro_usd, config.horizon_factor,
+                              config.default_output_tokens,
+                              Limits(config.max_ttft_slo_ms, config.max_prompt_bytes, config.max_prompt_tokens),
+                              config.fallback_snapshot_max_age_s)
+    router = Router(settings, InstancePool(discovery.instances, discovery.pools, config.forget_after_s),
+                    upstream.GrpcPredictor(predictor_channel, config.predictor_timeout_s),
+                    upstream.GrpcEstimator(estimator_channel, config.estimator_timeout_s),
+                    store, policies, fallback, telemetry, count_tokens)
+    logger.info("router: predictor %s, estimator %s, Redis %s, %d pool(s) (%s discovery), default policy %s, "
+                "fallback %s", config.predictor_address, config.estimator_address, config.redis.describe(),
+                len(discovery.pools), config.discovery.mode, config.default_policy, config.fallback_policy)
+    closers.append(router.close)
+    return RouterApp(router, lambda grpc_server: server.register(grpc_server, router),
+                     [lambda: router.refresh_forever(config.refresh_interval_s)], closers)
+
+
+def build_policies(config: RouterConfig) -> tuple[dict[str, Any], Any]:
+    """One instance of every registered policy (with the configured parameters) and the fallback's own instance."""
+    from bear.routing.registry import build_policy, policy_names
+
+    names = policy_names()
+    unknown = sorted(set(config.policy_params) - set(names))
+    if unknown:
+        raise ValueError(f"policies: unknown policy {unknown[0]!r}; choose among: {', '.join(names)}")
+    for setting, name in (("BEAR_DEFAULT_POLICY", config.default_policy),
+                          ("BEAR_FALLBACK_POLICY", config.fallback_policy)):
+        if name not in names:
+            raise ValueError(f"{setting}: unknown policy {name!r}; choose one of: {', '.join(names)}")
+    policies = {name: build_policy(name, config.policy_params.get(name)) for name in names}
+    return policies, build_policy(config.fallback_policy, config.policy_params.get(config.fallback_policy))
+
+
+def token_counter(name: str) -> Callable[[str], int]:
+    """Counts a prompt's tokens (the estimator needs a length before the predictor answers)."""
+    from bear.predictor.tokenizers import get_tokenizer
+
+    tokenizer = get_tokenizer(name)
+    return lambda text: len(tokenizer.token_keys(text))
+
+
+async def serve(config: RouterConfig) -> None:
+    from bear.common.service import ServerSettings, configure_tracing, serve_until_stopped
+
+    configure_tracing("bear-router")
+    app = await build(config)
+    gc.freeze()  # what start-up built lives as long as the process: keep it out of the collector's passes
+    settings = ServerSettings("bear-router", config.host, config.grpc_port, config.metrics_port,
+                              config.shutdown_grace_s)
+    try:
+        await serve_until_stopped(settings, app.register, on_ready=_announce, background=app.background)
+    finally:
+        await app.close()
+
+
+def _announce(grpc_port: int, metrics_port: int | None) -> None:
+    print(f"grpc_port={grpc_port} metrics_port={metrics_port if metrics_port is not None else ''}", flush=True)
+
+
+@dataclass
+class RunningRouter:
+    """A router serving on a loop already running (tests, benchmarks): its port, its router, and `stop`."""
+
+    app: RouterApp
+    server: RunningServer
+    tasks: list[asyncio.Task[None]]
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def router(self) -> Router:
+        return self.app.router
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.server.stop()
+        await self.app.close()
+
+
+async def start(config: RouterConfig, registry: CollectorRegistry | None = None,
+                tracer: trace.Tracer | None = None) -> RunningRouter:
+    from bear.common.service import ServerSettings, start_server
+
+    app = await build(config, registry, tracer)
+    settings = ServerSettings("bear-router", config.host, config.grpc_port, None, config.shutdown_grace_s)
+    running = await start_server(settings, app.register)
+    tasks = [asyncio.create_task(task()) for task in app.background]
+    return RunningRouter(app, running, tasks)

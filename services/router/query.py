@@ -1,0 +1,80 @@
+"""A query as the router receives it, and the checks it must pass before anything is called.
+
+Each failed check raises `InvalidQuery` naming the field (the server answers INVALID_ARGUMENT with its message).
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass, replace
+
+MAX_REQUEST_ID_BYTES = 128  # the snapshot region keeps request ids up to this length
+
+
+class InvalidQuery(ValueError):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class RouteQuery:
+    request_id: str  # empty: the router generates one
+    prompt: str | None  # the text, or None for a length-only query
+    prompt_tokens: int | None  # a length-only query's prompt length (None when the text is given)
+    ttft_slo_ms: float
+    lambda_per_micro_usd: float | None = None  # None: the configured λ
+    delta_per_s: float | None = None  # None: the policy's default δ
+    policy: str = ""  # empty: the configured default
+    allowed_models: tuple[str, ...] = ()  # empty: every model
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_ttft_slo_ms: float
+    max_prompt_bytes: int
+    max_prompt_tokens: int
+
+
+def validate(query: RouteQuery, limits: Limits, policies: frozenset[str]) -> RouteQuery:
+    """The query, checked, with a request id (generated when empty) and its policy named."""
+    request_id = query.request_id or uuid.uuid4().hex
+    if len(request_id.encode()) > MAX_REQUEST_ID_BYTES:
+        raise InvalidQuery("request_id", f"longer than {MAX_REQUEST_ID_BYTES} bytes")
+    _check_prompt(query, limits)
+    slo = query.ttft_slo_ms
+    if not math.isfinite(slo) or slo <= 0:
+        raise InvalidQuery("ttft_slo_ms", f"must be a positive number of milliseconds, got {slo!r}")
+    if slo > limits.max_ttft_slo_ms:
+        raise InvalidQuery("ttft_slo_ms", f"{slo:g} ms exceeds the limit of {limits.max_ttft_slo_ms:g} ms")
+    for name in ("lambda_per_micro_usd", "delta_per_s"):
+        value = getattr(query, name)
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise InvalidQuery(name, f"must be a finite number >= 0, got {value!r}")
+    if query.policy and query.policy not in policies:
+        raise InvalidQuery("policy", f"unknown policy {query.policy!r}; choose one of: {', '.join(sorted(policies))}")
+    if any(not model for model in query.allowed_models):
+        raise InvalidQuery("allowed_models", "model names must not be empty")
+    return replace(query, request_id=request_id)
+
+
+def check_prompt_tokens(num_tokens: int, limits: Limits, field: str = "prompt") -> None:
+    """A prompt's token count (for a text, known only once counted) against the limit."""
+    if num_tokens > limits.max_prompt_tokens:
+        raise InvalidQuery(field, f"{num_tokens} tokens exceeds the limit of {limits.max_prompt_tokens}")
+
+
+def _check_prompt(query: RouteQuery, limits: Limits) -> None:
+    if query.prompt is None and query.prompt_tokens is None:
+        raise InvalidQuery("prompt", "required: the prompt text, or prompt_tokens for a length-only query")
+    if query.prompt is not None:
+        if not query.prompt.strip():
+            raise InvalidQuery("prompt", "must not be empty")
+        size = len(query.prompt.encode("utf-8", errors="surrogatepass"))
+        if size > limits.max_prompt_bytes:
+            raise InvalidQuery("prompt", f"{size} bytes exceeds the limit of {limits.max_prompt_bytes}")
+    elif query.prompt_tokens is not None:
+        if query.prompt_tokens <= 0:
+            raise InvalidQuery("prompt_tokens", "must be > 0")
+        check_prompt_tokens(query.prompt_tokens, limits, "prompt_tokens")

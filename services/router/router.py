@@ -1,0 +1,350 @@
+"""The decision: a query in, an instance (or a shed) out, with every candidate's predictions and the reason.
+
+    validate → instances (ready, allowed models) → predict ∥ estimate → candidates → choose → record → answer
+
+Invariant: once a query is valid and an instance is ready, Route answers. A dependency that fails (the predictor, the
+estimator, Redis, even the policy) is counted and worked around, never passed on to the caller:
+
+- predictor or estimator unavailable (or a policy that raises): the fallback policy (configured, default
+  `shortest-queue`) decides, over the queue lengths of the estimator's answer or, when the estimator is down, of the
+  latest snapshots in Redis; with no queue lengths at all, `round-robin`. The decision says `degraded` and why.
+- Redis unavailable: the dispatch is not recorded (the estimator then misses it), registrations stay as last read.
+  Records are written off the Route path (bear.router.recorder).
+
+Every stage runs in a span `bear.<stage>` with its histogram (bear.router.telemetry), inside one `bear.route` span.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from bear.router.decision import DispatchRecord, Outcome, RouteResult, describe
+from bear.router.pool import InstanceInfo, InstancePool, Registration
+from bear.router.query import InvalidQuery, Limits, RouteQuery, check_prompt_tokens, validate
+from bear.router.recent import RecentDispatches
+from bear.router.recorder import DispatchRecorder
+from bear.router.signals import (
+    DependencyUnavailable,
+    InstanceEstimate,
+    ModelPrediction,
+    ObservationBook,
+    QueueLengths,
+    build_candidates,
+    prediction_for,
+)
+from bear.router.telemetry import Telemetry, record_decision
+from bear.routing.contract import Candidate, Choice, Decision, Policy, RouteRequest
+from bear.routing.observations import OBSERVATION_WINDOW, THROUGHPUT_WINDOW_S
+from bear.routing.registry import build_policy
+
+logger = logging.getLogger("bear.router")
+LONG_PROMPT_CHARS = 20_000  # longer prompts are tokenised off the event loop
+
+
+class Predictions(Protocol):
+    async def predict(self, prompt: str) -> Mapping[str, ModelPrediction]: ...
+
+
+class Estimates(Protocol):
+    async def estimate(self, query_id: str, prompt_tokens: int, output_tokens: float, instance_ids: Sequence[str],
+                       horizon_ms: float) -> Mapping[str, InstanceEstimate]: ...
+
+
+class Store(Protocol):
+    async def record_dispatches(self, records: Sequence[DispatchRecord]) -> None: ...
+
+    async def dispatch(self, request_id: str) -> DispatchRecord | None: ...
+
+    async def queue_lengths(self, instance_ids: Sequence[str], max_age_s: float) -> dict[str, QueueLengths]: ...
+
+    async def registrations(self) -> dict[str, Registration]: ...
+
+
+class NoInstances(Exception):
+    """No ready instance serves the query's models (UNAVAILABLE: it may pass)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouterSettings:
+    default_policy: str
+    lambda_per_micro_usd: float
+    horizon_factor: float  # replays stop at horizon_factor × the TTFT target + 1 s
+    default_output_tokens: float
+    limits: Limits
+    fallback_snapshot_max_age_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Inputs:
+    """What the predict and estimate stages brought back."""
+
+    instances: tuple[InstanceInfo, ...]
+    predictions: Mapping[str, ModelPrediction] | None
+    estimates: Mapping[str, InstanceEstimate] | None
+    queues: Mapping[str, QueueLengths] | None
+    errors: tuple[DependencyUnavailable, ...]
+
+
+class Router:
+    def __init__(self, settings: RouterSettings, pool: InstancePool, predictor: Predictions, estimator: Estimates,
+                 store: Store, policies: Mapping[str, Policy], fallback: Policy, telemetry: Telemetry,
+                 count_tokens: Callable[[str], int], clock: Callable[[], float] = time.time) -> None:
+        if settings.default_policy not in policies:
+            raise ValueError(f"the default policy {settings.default_policy!r} is not among the policies")
+        self._settings, self._pool, self._predictor, self._estimator = settings, pool, predictor, estimator
+        self._store, self._policies, self._fallback = store, dict(policies), fallback
+        self._last_resort = build_policy("round-robin")
+        self._telemetry, self._metrics = telemetry, telemetry.metrics
+        self._count_tokens, self._clock = count_tokens, clock
+        self._policy_names = frozenset(policies)
+        self._observations = ObservationBook(OBSERVATION_WINDOW, THROUGHPUT_WINDOW_S, clock())
+        self._recent = RecentDispatches()
+        self._recorder = DispatchRecorder(store, telemetry.tracer, telemetry.metrics)
+        self._loaded = False
+        self._first_load: asyncio.Future[None] | None = None
+
+    # Route ----------------------------------------------------------------------------------------------------------
+
+    async def route(self, query: RouteQuery) -> RouteResult:
+        started = time.perf_counter()
+        try:
+            query = validate(query, self._settings.limits, self._policy_names)
+            policy = self._policies[query.policy or self._settings.default_policy]
+            with self._telemetry.route_span(query, policy.name) as span:
+                result, prompt_tokens = await self._decide(query, policy, started)
+                record_decision(span, result, prompt_tokens)
+        except InvalidQuery as error:
+            self._metrics.invalid_requests.labels(error.field).inc()
+            raise
+        self._count(result)
+        return result
+
+    async def _decide(self, query: RouteQuery, policy: Policy, started: float) -> tuple[RouteResult, int]:
+        instances = await self._instances(query)
+        prompt_tokens = await self._prompt_tokens(query)
+        inputs = await self._gather(query, prompt_tokens, instances)
+        candidates = build_candidates(inputs.instances, prompt_tokens, inputs.predictions, inputs.estimates,
+                                      inputs.queues, self._observations, self._clock(),
+                                      self._settings.default_output_tokens)
+        request = RouteRequest(query.request_id, query.ttft_slo_ms / 1000,
+                               _or(query.lambda_per_micro_usd, self._settings.lambda_per_micro_usd),
+                               query.delta_per_s)
+        choice, decided_by, degraded_reason = self._choose(policy, request, candidates, inputs)
+        views = describe(inputs.instances, candidates, choice, inputs.estimates, inputs.queues, query.ttft_slo_ms,
+                         decided_by.estimator)
+        chosen = next((i for i, c in enumerate(candidates) if c.instance_id == choice.instance_id), None)
+        if choice.decision is Decision.ROUTE and chosen is not None:
+            self._record(query, candidates[chosen], (inputs.estimates or {}).get(candidates[chosen].instance_id))
+        instance = inputs.instances[chosen] if chosen is not None else None
+        result = RouteResult(
+            request_id=query.request_id, decision=choice.decision,
+            instance_id=instance.instance_id if instance else "", endpoint=instance.endpoint if instance else "",
+            model=instance.model if instance else "", policy=decided_by.name, reason=choice.reason,
+            candidates=views, degraded=bool(degraded_reason), degraded_reason=degraded_reason,
+            decision_ms=(time.perf_counter() - started) * 1000)
+        return result, prompt_tokens
+
+    async def _instances(self, query: RouteQuery) -> tuple[InstanceInfo, ...]:
+        if not self._loaded:  # the first queries wait for the first read of the registrations
+            if self._first_load is None:
+                self._first_load = asyncio.ensure_future(self.refresh_instances())
+            await asyncio.shield(self._first_load)
+        instances = self._pool.select(query.allowed_models)
+        if not instances:
+            models = f" serves {', '.join(query.allowed_models)}" if query.allowed_models else " is known"
+            raise NoInstances(f"no ready instance{models}")
+        return instances
+
+    async def _prompt_tokens(self, query: RouteQuery) -> int:
+        if query.prompt is None:
+            assert query.prompt_tokens is not None
+            return query.prompt_tokens
+        if len(query.prompt) > LONG_PROMPT_CHARS:
+            tokens = await asyncio.to_thread(self._count_tokens, query.prompt)
+        else:
+            tokens = self._count_tokens(query.prompt)
+        check_prompt_tokens(tokens, self._settings.limits)
+        return max(1, tokens)
+
+    async def _gather(self, query: RouteQuery, prompt_tokens: int, instances: tuple[InstanceInfo, ...]) -> _Inputs:
+        """Predictions and estimates in parallel; queue lengths from Redis when the estimator failed."""
+        ids = [i.instance_id for i in instances]
+        (predictions, predict_error), (estimates, estimate_error) = await asyncio.gather(
+            self._predict(query), self._estimate(query, prompt_tokens, ids))
+        instances, predictions, predict_error = self._covered(instances, predictions, predict_error)
+        queues = await self._snapshot_queues(ids) if estimate_error is not None else None
+        errors = tuple(e for e in (predict_error, estimate_error) if e is not None)
+        return _Inputs(instances, predictions, estimates, queues, errors)
+
+    async def _predict(self, query: RouteQuery) -> tuple[Mapping[str, ModelPrediction] | None,
+                                                          DependencyUnavailable | None]:
+        if query.prompt is None:
+            return None, None  # a length-only query: no text to predict from
+        with self._telemetry.stage("predict") as span:
+            try:
+                return await self._predictor.predict(query.prompt), None
+            except DependencyUnavailable as error:
+                self._metrics.dependency_errors.labels("predictor", error.code).inc()
+                span.set_attribute("bear.error", str(error))
+                return None, error
+
+    async def _estimate(self, query: RouteQuery, prompt_tokens: int, instance_ids: list[str]
+                        ) -> tuple[Mapping[str, InstanceEstimate] | None, DependencyUnavailable | None]:
+        horizon_ms = (self._settings.horizon_factor * query.ttft_slo_ms / 1000 + 1.0) * 1000
+        with self._telemetry.stage("estimate") as span:
+            try:
+                estimates = await self._estimator.estimate(query.request_id, prompt_tokens,
+                                                           self._settings.default_output_tokens, instance_ids,
+                                                           horizon_ms)
+            except DependencyUnavailable as error:
+                self._metrics.dependency_errors.labels("estimator", error.code).inc()
+                span.set_attribute("bear.error", str(error))
+                return None, error
+        for instance_id, estimate in estimates.items():
+            if estimate.snapshot_age_ms is not None:
+                self._metrics.set_snapshot_age(instance_id, estimate.snapshot_age_ms / 1000)
+        return estimates, None
+
+    def _covered(self, instances: tuple[InstanceInfo, ...], predictions: Mapping[str, ModelPrediction] | None,
+                 error: DependencyUnavailable | None) -> tuple[tuple[InstanceInfo, ...],
+                                                               Mapping[str, ModelPrediction] | None,
+                                                               DependencyUnavailable | None]:
+        """The instances whose model the predictor answered for; none of them: as if the predictor were down."""
+        if predictions is None:
+            return instances, None, error
+        covered = tuple(i for i in instances if prediction_for(i.model, predictions) is not None)
+        missing = sorted({i.model for i in instances} - {i.model for i in covered})
+        for model in missing:
+            self._metrics.unpredicted_instances.labels(model).inc()
+        if covered:
+            return covered, predictions, None
+        return instances, None, DependencyUnavailable("predictor", "NO_PREDICTION",
+                                                      f"no prediction for model(s) {', '.join(missing)}")
+
+    async def _snapshot_queues(self, instance_ids: list[str]) -> dict[str, QueueLengths]:
+        with self._telemetry.stage("snapshots") as span:
+            try:
+                return await self._store.queue_lengths(instance_ids, self._settings.fallback_snapshot_max_age_s)
+            except DependencyUnavailable as error:
+                self._metrics.dependency_errors.labels("redis", error.code).inc()
+                span.set_attribute("bear.error", str(error))
+                return {}
+
+    def _choose(self, policy: Policy, request: RouteRequest, candidates: Sequence[Candidate],
+                inputs: _Inputs) -> tuple[Choice, Policy, str]:
+        """The policy's choice, or the fallback's (with the reason) when an input is missing or the policy fails."""
+        problems = [str(e) for e in inputs.errors]
+        if not problems:
+            try:
+                with self._telemetry.stage("choose"):
+                    return policy.choose(request, candidates), policy, ""
+            except Exception as error:  # noqa: BLE001 - a policy's failure must not fail the call
+                logger.exception("policy %s failed; deciding with the fallback", policy.name)
+                problems = [f"policy {policy.name} failed ({type(error).__name__}: {error})"]
+        has_queues = any(c.signals.num_resident is not None for c in candidates)
+        fallback = self._fallback if has_queues else self._last_resort
+        source = ("no queue lengths" if not has_queues else "queue lengths from the latest snapshots in Redis"
+                  if inputs.estimates is None else "queue lengths from the estimator")
+        with self._telemetry.stage("choose"):
+            try:
+                choice = fallback.choose(request, candidates)
+            except Exception:  # noqa: BLE001 - the configured fallback failed too: the last resort never does
+                logger.exception("fallback policy %s failed; deciding with round-robin", fallback.name)
+                fallback, choice = self._last_resort, self._last_resort.choose(request, candidates)
+        label = "-and-".join(e.service for e in inputs.errors) + "-unavailable" if inputs.errors else "policy-error"
+        self._metrics.fallbacks.labels(label, fallback.name).inc()
+        return choice, fallback, f"{'; '.join(problems)}: {fallback.name} ({source})"
+
+    def _record(self, query: RouteQuery, chosen: Candidate, estimate: InstanceEstimate | None) -> None:
+        """The dispatch, in memory and (soon, see bear.router.recorder) in Redis, with the estimator's TTFT (0: none)
+        to measure outcomes against."""
+        ttft = estimate.ttft_s if estimate is not None else None
+        predicted_ttft_ms = ttft * 1000 if ttft is not None and math.isfinite(ttft) else 0.0
+        record = DispatchRecord(query.request_id, chosen.instance_id, chosen.model, self._clock(),
+                                chosen.prompt_tokens, chosen.output_tokens, predicted_ttft_ms, query.ttft_slo_ms)
+        self._recent.add(record)
+        self._recorder.submit(record)
+
+    def _count(self, result: RouteResult) -> None:
+        self._metrics.decision_seconds.labels(result.policy).observe(result.decision_ms / 1000)
+        if result.decision is Decision.ROUTE:
+            self._metrics.routes.labels(result.instance_id, result.model, result.policy).inc()
+        else:
+            self._metrics.sheds.labels(result.policy).inc()
+
+    # ReportOutcome --------------------------------------------------------------------------------------------------
+
+    async def report_outcome(self, outcome: Outcome) -> tuple[bool, float]:
+        """Records the observation at the instance the query went to; returns (decision found, predicted TTFT ms)."""
+        _validate_outcome(outcome)
+        now_s = self._clock()
+        with self._telemetry.tracer.start_as_current_span("bear.outcome") as span:
+            record = self._recent.get(outcome.request_id, now_s)
+            if record is None:
+                try:
+                    record = await self._store.dispatch(outcome.request_id)
+                except DependencyUnavailable as error:
+                    self._metrics.dependency_errors.labels("redis", error.code).inc()
+            self._metrics.outcomes.labels("true" if record is not None else "false").inc()
+            if record is None:
+                return False, 0.0
+            self._observations.of(record.instance_id).observe(
+                ttft_s=outcome.observed_ttft_ms / 1000, tpot_s=outcome.tpot_s,
+                completed_at_s=now_s if outcome.observed_e2e_ms > 0 else None)
+            if span.is_recording():
+                span.set_attributes({"bear.request_id": outcome.request_id, "bear.instance_id": record.instance_id,
+                                     "bear.observed_ttft_ms": outcome.observed_ttft_ms,
+                                     "bear.predicted_ttft_ms": record.predicted_ttft_ms})
+            if record.predicted_ttft_ms > 0:
+                error_s = (record.predicted_ttft_ms - outcome.observed_ttft_ms) / 1000
+                self._metrics.ttft_error_seconds.labels(record.instance_id).observe(error_s)
+                self._metrics.ttft_abs_error_seconds.labels(record.instance_id).observe(abs(error_s))
+            return True, record.predicted_ttft_ms
+
+    # Instances ------------------------------------------------------------------------------------------------------
+
+    async def refresh_instances(self) -> None:
+        """Re-reads the registrations from Redis (kept as they were when Redis fails)."""
+        try:
+            self._pool.update_registrations(await self._store.registrations(), self._clock())
+        except DependencyUnavailable as error:
+            self._metrics.dependency_errors.labels("redis", error.code).inc()
+        self._loaded = True
+        ids = {i.instance_id for i in self._pool.instances()}
+        self._metrics.instances.set(len(ids))
+        self._metrics.forget_instances_except(ids)
+
+    async def flush(self) -> None:
+        """Waits until the dispatches decided so far are written to Redis (or failed)."""
+        await self._recorder.flush()
+
+    async def close(self) -> None:
+        await self._recorder.close()
+
+    async def refresh_forever(self, interval_s: float) -> None:
+        task = asyncio.current_task()
+        while True:
+            await self.refresh_instances()
+            # redis-py 8.1's asyncio client can swallow a cancellation that arrives mid-command: honour it here.
+            if task is not None and task.cancelling():
+                raise asyncio.CancelledError
+            await asyncio.sleep(interval_s)
+
+
+def _validate_outcome(outcome: Outcome) -> None:
+    if not outcome.request_id:
+        raise InvalidQuery("request_id", "required")
+    for name in ("observed_ttft_ms", "observed_e2e_ms"):
+        value = getattr(outcome, name)
+        if not (math.isfinite(value) and value >= 0):
+            raise InvalidQuery(name, f"must be a finite number of milliseconds >= 0, got {value!r}")
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value

@@ -1,0 +1,61 @@
+"""The predictor and the estimator as the router calls them: gRPC stubs over channels that carry the trace context,
+a deadline on every call, and every failure turned into `DependencyUnavailable` (the router then degrades)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+
+from bear.common.service import client_interceptors
+from bear.router import wire
+from bear.router.signals import DependencyUnavailable, InstanceEstimate, ModelPrediction
+from bear.v1 import estimator_pb2_grpc, predictor_pb2_grpc
+
+# A dependency that comes back is found again within about a second (gRPC's default back-off grows to 2 minutes).
+CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.enable_retries", 0),
+)
+
+
+def open_channel(address: str, traced: bool = True) -> grpc.aio.Channel:
+    """A channel whose calls are child spans carrying the trace context (when tracing is on: with the SDK disabled
+    there is no context to carry, and the interceptors would only cost time)."""
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS,
+                                     interceptors=client_interceptors() if traced else None)
+
+
+class GrpcPredictor:
+    def __init__(self, channel: grpc.aio.Channel, timeout_s: float) -> None:
+        self._stub = predictor_pb2_grpc.PredictorStub(channel)
+        self._timeout_s = timeout_s
+
+    async def predict(self, prompt: str) -> dict[str, ModelPrediction]:
+        try:
+            reply = await self._stub.Predict(wire.predict_request(prompt), timeout=self._timeout_s)
+        except grpc.aio.AioRpcError as error:
+            raise DependencyUnavailable("predictor", error.code().name, _first_clause(error.details())) from None
+        return wire.predictions_from_proto(reply)
+
+
+class GrpcEstimator:
+    def __init__(self, channel: grpc.aio.Channel, timeout_s: float) -> None:
+        self._stub = estimator_pb2_grpc.EstimatorStub(channel)
+        self._timeout_s = timeout_s
+
+    async def estimate(self, query_id: str, prompt_tokens: int, output_tokens: float, instance_ids: Sequence[str],
+                       horizon_ms: float) -> dict[str, InstanceEstimate]:
+        request = wire.estimate_request(query_id, prompt_tokens, output_tokens, list(instance_ids), horizon_ms)
+        try:
+            reply = await self._stub.Estimate(request, timeout=self._timeout_s)
+        except grpc.aio.AioRpcError as error:
+            raise DependencyUnavailable("estimator", error.code().name, _first_clause(error.details())) from None
+        return wire.estimates_from_proto(reply)
+
+
+def _first_clause(details: str | None) -> str:
+    """gRPC's details without the transport's trail ("failed to connect to all addresses; last error: ...")."""
+    return (details or "").split(";", 1)[0][:200]

@@ -1,0 +1,133 @@
+"""The router under failure, with real gRPC and a real redis-server: Redis restarted mid-load, the estimator or the
+predictor killed (or hanging), everything down, stale snapshots. Invariant: zero failed Route calls, and every
+decision that could not use a dependency says so (`degraded`, the stated fallback, the reason)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bear.common import redis_keys
+from bear.v1 import estimator_pb2, router_pb2
+from tests.router_fakes import THREE_INSTANCES, InstanceState, put_snapshot
+from tests.router_stack import Load, RouterStack, wait_until
+
+# Queue lengths in the snapshots in Redis (the fallback's signal when the estimator is down): medium is shortest.
+SNAPSHOT_QUEUES = {"small-0": (5, 2), "medium-0": (0, 0), "large-0": (3, 0)}
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[RouterStack]:
+    stack = RouterStack(tmp_path)
+    for instance_id, (running, waiting) in SNAPSHOT_QUEUES.items():
+        put_snapshot(stack.redis, instance_id, running=running, waiting=waiting)
+    yield stack
+    stack.close()
+
+
+def degraded(decisions: list[router_pb2.RouteDecision]) -> list[router_pb2.RouteDecision]:
+    return [d for d in decisions if d.degraded]
+
+
+def redis_errors(stack: RouterStack) -> float:
+    return sum(s.value for family in stack.registry.collect() for s in family.samples
+               if s.name == "bear_router_dependency_errors_total" and s.labels.get("service") == "redis")
+
+
+def test_redis_restarted_mid_load(stack: RouterStack) -> None:
+    load = Load(stack.address, count=300, rate_rps=150.0)
+    load.wait_until_sent(80)
+    stack.redis_server.stop()
+    load.wait_until_sent(160)
+    stack.redis_server.start()  # same port, empty: the snapshotters would re-register within their heartbeat
+    result = load.join()
+    assert result.errors == [] and len(result.decisions) == 300
+    assert degraded(result.decisions) == []  # the predictor and the estimator answered throughout
+    assert {d.instance_id for d in result.decisions} <= {i.instance_id for i in THREE_INSTANCES}
+    assert redis_errors(stack) > 0  # the dispatches Redis missed were counted
+    wait_until(lambda: stack.route().decision == router_pb2.DECISION_ROUTE)
+    # Records resume on the restarted server (its registrations are gone: the router kept its own).
+    assert wait_until(lambda: stack.redis.keys(redis_keys.dispatch_key("*")))
+    assert stack.redis.zcard(redis_keys.INSTANCES) == 0
+
+
+def test_estimator_killed_mid_load(stack: RouterStack) -> None:
+    load = Load(stack.address, count=300, rate_rps=150.0)
+    load.wait_until_sent(60)
+    stack.estimator_server.kill()
+    load.wait_until_sent(160)
+    stack.estimator_server.revive()
+    result = load.join()
+    assert result.errors == [] and len(result.decisions) == 300
+    fallbacks = degraded(result.decisions)
+    assert fallbacks, "no decision noticed the estimator was gone"
+    for decision in fallbacks:
+        assert decision.policy == "shortest-queue" and decision.instance_id == "medium-0"
+        assert decision.degraded_reason.startswith("estimator unavailable (")
+        assert "queue lengths from the latest snapshots in Redis" in decision.degraded_reason
+        assert {c.ttft_known for c in decision.candidates} == {False}
+    assert not result.decisions[-1].degraded  # it came back (reconnect back-off at most 1 s)
+    assert stack.metric("bear_router_fallbacks_total", reason="estimator-unavailable",
+                        policy="shortest-queue") == len(fallbacks)
+
+
+def test_predictor_killed_mid_load(stack: RouterStack) -> None:
+    load = Load(stack.address, count=300, rate_rps=150.0)
+    load.wait_until_sent(60)
+    stack.predictor_server.kill()
+    load.wait_until_sent(160)
+    stack.predictor_server.revive()
+    result = load.join()
+    assert result.errors == [] and len(result.decisions) == 300
+    fallbacks = degraded(result.decisions)
+    assert fallbacks
+    for decision in fallbacks:
+        # The estimator still answers: its queue lengths (small 0, medium 1, large 2 running) decide.
+        assert decision.policy == "shortest-queue" and decision.instance_id == "small-0"
+        assert decision.degraded_reason.startswith("predictor unavailable (")
+        assert "queue lengths from the estimator" in decision.degraded_reason
+        assert {c.predicted_accuracy for c in decision.candidates} == {0.0}
+        assert {c.ttft_known for c in decision.candidates} == {True}
+    assert not result.decisions[-1].degraded
+
+
+def test_a_hanging_predictor_costs_one_deadline(stack: RouterStack) -> None:
+    stack.predictor.behaviour.delay_s = 2.0
+    started = time.perf_counter()
+    decision = stack.route()
+    elapsed_ms = (time.perf_counter() - started) * 1000
+    assert decision.degraded and "predictor unavailable (DEADLINE_EXCEEDED" in decision.degraded_reason
+    assert elapsed_ms < 100 + 400  # the 100 ms deadline plus the machinery, not the predictor's 2 s
+
+
+def test_everything_down_is_round_robin(stack: RouterStack) -> None:
+    stack.predictor_server.kill()
+    stack.estimator_server.kill()
+    stack.redis_server.stop()
+    decisions = [stack.route() for _ in range(6)]
+    assert {d.policy for d in decisions} == {"round-robin"} and all(d.degraded for d in decisions)
+    assert [d.instance_id for d in decisions[:3]] == ["large-0", "medium-0", "small-0"]
+    assert "predictor unavailable" in decisions[0].degraded_reason
+    assert "estimator unavailable" in decisions[0].degraded_reason
+    assert decisions[0].degraded_reason.endswith("round-robin (no queue lengths)")
+
+
+def test_stale_snapshots(stack: RouterStack) -> None:
+    # The estimator falls back to LPS on stale snapshots and says so: the decision is not degraded.
+    for instance_id in ("small-0", "medium-0", "large-0"):
+        stack.estimator.instances[instance_id] = InstanceState(
+            ttft_ms=120.0, method=estimator_pb2.ESTIMATE_METHOD_LPS, snapshot_age_ms=30_000.0,
+            reason="snapshot 30.000 s old: LPS closed form")
+    decision = stack.route(ttft_slo_ms=500.0)
+    assert not decision.degraded and {c.ttft_method for c in decision.candidates} == {"lps"}
+    assert {c.snapshot_age_ms for c in decision.candidates} == {30_000.0}
+    # With the estimator down, snapshots older than the limit give no queue lengths: round-robin.
+    for instance_id in SNAPSHOT_QUEUES:
+        put_snapshot(stack.redis, instance_id, running=1, taken_at_s=time.time() - 60.0)
+    stack.estimator_server.kill()
+    decision = stack.route()
+    assert decision.degraded and decision.policy == "round-robin"
+    assert decision.degraded_reason.endswith("round-robin (no queue lengths)")

@@ -1,0 +1,227 @@
+"""The router service over real gRPC (port 0) with a real redis-server and small fake Estimator / Predictor servers:
+Route and ReportOutcome end to end, the dispatch records the estimator reads, the clients, bad input, health and
+reflection, spans (in memory, with the context propagated to the neighbours) and metrics scraped over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from prometheus_client import start_http_server
+from prometheus_client.parser import text_string_to_metric_families
+
+from bear.common import redis_keys
+from bear.router import wire
+from bear.router.client import AsyncRouterClient, InvalidRequest, RouterClient, RouterTimeout, RouterUnavailable
+from bear.router.server import SERVICE_NAME
+from bear.v1 import router_pb2, router_pb2_grpc
+from tests.router_fakes import THREE_INSTANCES, write_pools_file
+from tests.router_stack import RouterStack, span_exporter
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[RouterStack]:
+    span_exporter()  # before the router starts, so that its tracers export here
+    stack = RouterStack(tmp_path)
+    yield stack
+    stack.close()
+
+
+def test_route_answers_with_every_candidate_and_records_the_dispatch(stack: RouterStack) -> None:
+    decision = stack.route(ttft_slo_ms=250.0, request_id="q-1")
+    # Fake estimates: small 100 ms, medium 200 ms, large 300 ms; medium has the best utility within 250 ms.
+    assert (decision.request_id, decision.decision, decision.instance_id) == ("q-1", router_pb2.DECISION_ROUTE,
+                                                                              "medium-0")
+    assert (decision.endpoint, decision.model, decision.policy) == ("http://medium-0.test:8000", "Qwen3-8B", "bear")
+    assert decision.reason and not decision.degraded and decision.decision_ms > 0
+    by_id = {c.instance_id: c for c in decision.candidates}
+    assert set(by_id) == {"small-0", "medium-0", "large-0"}
+    large = by_id["large-0"]
+    assert (large.predicted_ttft_ms, large.feasible, large.ttft_method, large.predicted_accuracy) == (
+        300.0, False, "replay", 0.85)
+    assert large.predicted_cost_micro_usd == pytest.approx(8 * 0.287 + 400 * 0.640)  # the registration's prices
+    assert large.utility == pytest.approx(0.85 - 5e-4 * large.predicted_cost_micro_usd)
+
+    stack.flush()  # records are written off the Route path
+    record = wire.dispatch_from_bytes(stack.redis.get(redis_keys.dispatch_key("q-1")))
+    assert (record.instance_id, record.model, record.prompt_tokens, record.predicted_output_tokens) == (
+        "medium-0", "Qwen3-8B", 8, 350.0)  # the predictor's count: 8 words
+    assert (record.predicted_ttft_ms, record.ttft_slo_ms) == (200.0, 250.0)
+    assert abs(record.dispatched_at_s - time.time()) < 5
+    assert stack.redis.zscore(redis_keys.dispatches_key("medium-0"), "q-1") == record.dispatched_at_s
+    assert 0 < stack.redis.pttl(redis_keys.dispatch_key("q-1")) <= redis_keys.DISPATCH_TTL_S * 1000
+    assert stack.redis.ttl(redis_keys.dispatches_key("medium-0")) > 0
+    # The estimator was asked about every instance with the router's token count (pre-tokens: 9).
+    asked = stack.estimator.requests[-1]
+    assert (asked.query_id, asked.prompt_tokens, sorted(asked.instance_ids)) == (
+        "q-1", 9, ["large-0", "medium-0", "small-0"])
+
+
+def test_report_outcome_closes_the_loop(stack: RouterStack) -> None:
+    decision = stack.route(ttft_slo_ms=250.0)
+    ack = stack.client.report_outcome(decision.request_id, observed_ttft_ms=260.0, output_tokens=100,
+                                      observed_e2e_ms=1250.0)
+    assert ack.known and ack.predicted_ttft_ms == 200.0
+    assert stack.metric("bear_router_ttft_abs_error_seconds_sum", instance="medium-0") == pytest.approx(0.06)
+    assert not stack.client.report_outcome("never-routed", observed_ttft_ms=10.0).known
+    with pytest.raises(InvalidRequest, match="observed_ttft_ms"):
+        stack.client.report_outcome("x", observed_ttft_ms=math.nan)
+
+
+def test_a_length_only_query_and_the_request_options(stack: RouterStack) -> None:
+    decision = stack.client.route(prompt_tokens=900, ttft_slo_ms=1000.0, policy="latency-agnostic",
+                                  allowed_models=["Qwen3-8B", "Qwen3-32B"], lambda_per_micro_usd=0.0)
+    assert decision.policy == "latency-agnostic" and decision.instance_id == "large-0"
+    assert {c.prompt_tokens for c in decision.candidates} == {900} and len(decision.candidates) == 2
+    assert len(stack.predictor.requests) == 0  # no text, no prediction
+    assert len(decision.request_id) == 32  # generated
+
+
+def test_the_asyncio_client(stack: RouterStack) -> None:
+    async def calls() -> tuple[router_pb2.RouteDecision, router_pb2.OutcomeAck]:
+        async with AsyncRouterClient(stack.address) as client:
+            decision = await client.route("Write a story about a lighthouse.", ttft_slo_ms=150.0)
+            return decision, await client.report_outcome(decision.request_id, observed_ttft_ms=90.0)
+
+    decision, ack = asyncio.run(calls())
+    assert decision.instance_id == "small-0" and ack.known and ack.predicted_ttft_ms == 100.0
+
+
+@pytest.mark.parametrize(("fields", "field"), [
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": "x" * 1_100_000}, "prompt"),  # over the 1 MB limit
+    ({"prompt_tokens": 0}, "prompt_tokens"),
+    ({"prompt_tokens": 10_000_000}, "prompt_tokens"),
+    ({"ttft_slo_ms": -5.0}, "ttft_slo_ms"),
+    ({"ttft_slo_ms": math.nan}, "ttft_slo_ms"),
+    ({"ttft_slo_ms": math.inf}, "ttft_slo_ms"),
+    ({"ttft_slo_ms": 1e15}, "ttft_slo_ms"),
+    ({"policy": "fastest-please"}, "policy"),
+    ({"allowed_models": ["gpt-9"]}, "allowed_models"),
+    ({"lambda_per_micro_usd": -1.0}, "lambda_per_micro_usd"),
+])
+def test_bad_input_is_invalid_argument_naming_the_field(stack: RouterStack, fields: dict[str, object],
+                                                        field: str) -> None:
+    arguments: dict[str, object] = {"ttft_slo_ms": 500.0}
+    if "prompt_tokens" not in fields:
+        arguments["prompt"] = "Summarize."
+    arguments.update(fields)
+    with pytest.raises(InvalidRequest) as caught:
+        stack.client.route(**arguments)  # type: ignore[arg-type]
+    assert caught.value.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.message.startswith(f"{field}: ")
+
+
+def test_a_request_without_prompt_is_invalid_argument(stack: RouterStack) -> None:
+    with grpc.insecure_channel(stack.address) as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            router_pb2_grpc.RouterStub(channel).Route(router_pb2.RouteRequest(ttft_slo_ms=100), timeout=5)
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "prompt: required" in caught.value.details()
+
+
+def test_no_ready_instance_is_unavailable(tmp_path: Path) -> None:
+    stack = RouterStack(tmp_path, register=False)
+    try:
+        with pytest.raises(RouterUnavailable, match="no ready instance"):
+            stack.route()
+    finally:
+        stack.close()
+
+
+def test_the_clients_deadline(stack: RouterStack) -> None:
+    with RouterClient(stack.address, timeout_s=1e-4) as client, pytest.raises(RouterTimeout):
+        client.route("Summarize.", ttft_slo_ms=100.0)
+
+
+def test_health_and_reflection(stack: RouterStack) -> None:
+    with grpc.insecure_channel(stack.address) as channel:
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME),
+                                                           timeout=5)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+        reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+        replies = reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
+                                                  timeout=5)
+        names = {s.name for reply in replies for s in reply.list_services_response.service}
+    assert SERVICE_NAME in names
+
+
+def test_a_pools_file_names_the_instances(tmp_path: Path) -> None:
+    from bear.discovery.config import DiscoveryConfig
+
+    pools = write_pools_file(tmp_path / "pools.yaml", THREE_INSTANCES[:2],
+                             prices={"small": (1.0, 2.0), "medium": (3.0, 4.0)})
+    stack = RouterStack(tmp_path, register=False, discovery=DiscoveryConfig(pools_file=str(pools)))
+    try:
+        decision = stack.route(ttft_slo_ms=1000.0, policy="latency-agnostic", lambda_per_micro_usd=0.0)
+        assert {c.instance_id for c in decision.candidates} == {"small-0", "medium-0"}
+        small = next(c for c in decision.candidates if c.instance_id == "small-0")
+        assert small.predicted_cost_micro_usd == pytest.approx(8 * 1.0 + 300 * 2.0)  # the pools file's prices
+    finally:
+        stack.close()
+
+
+def test_each_decision_is_a_span_with_its_candidates_and_the_context_reaches_the_neighbours(
+        stack: RouterStack) -> None:
+    exporter = span_exporter()
+    exporter.clear()
+    decision = stack.route(ttft_slo_ms=250.0, request_id="traced-1")
+    stack.flush()  # the record's span ends once the record is in Redis
+    spans = exporter.get_finished_spans()
+    route = next(s for s in spans if s.name == "bear.route" and s.attributes["bear.request_id"] == "traced-1")
+    trace_id = route.context.trace_id
+    assert route.attributes["bear.instance_id"] == decision.instance_id
+    assert (route.attributes["bear.ttft_slo_ms"], route.attributes["bear.policy"]) == (250.0, "bear")
+    assert route.attributes["bear.prompt_tokens"] == 9 and route.attributes["bear.degraded"] is False
+    events = {e.attributes["bear.instance_id"]: e.attributes for e in route.events if e.name == "bear.candidate"}
+    assert set(events) == {"small-0", "medium-0", "large-0"}
+    assert events["large-0"]["bear.predicted_ttft_ms"] == 300.0 and events["large-0"]["bear.feasible"] is False
+    assert events["medium-0"]["bear.chosen"] is True and events["medium-0"]["bear.predicted_accuracy"] == 0.75
+    # The server's span is the parent; the stages are children; the outbound calls nest under their stage.
+    in_trace = {s.name: s for s in spans if s.context.trace_id == trace_id}
+    assert route.parent is not None and in_trace["/bear.v1.Router/Route"].context.span_id == route.parent.span_id
+    for stage in ("bear.predict", "bear.estimate", "bear.choose", "bear.record"):
+        assert in_trace[stage].parent.span_id == route.context.span_id
+    assert in_trace["/bear.v1.Predictor/Predict"].parent.span_id == in_trace["bear.predict"].context.span_id
+    assert in_trace["/bear.v1.Estimator/Estimate"].parent.span_id == in_trace["bear.estimate"].context.span_id
+    for seen in (stack.predictor.metadata[-1], stack.estimator.metadata[-1]):
+        assert seen["traceparent"].split("-")[1] == format(trace_id, "032x")
+
+
+def test_metrics_are_scraped_over_http(stack: RouterStack) -> None:
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=stack.registry)
+    try:
+        decision = stack.route(ttft_slo_ms=250.0)
+        stack.client.report_outcome(decision.request_id, observed_ttft_ms=150.0)
+        stack.estimator_server.kill()
+        stack.route()  # degraded
+        stack.flush()
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+
+    def value(name: str, **labels: str) -> float:
+        return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    assert value("bear_router_decision_seconds_count", policy="bear") == 1
+    assert value("bear_router_decision_seconds_count", policy="round-robin") == 1
+    for stage in ("predict", "estimate", "choose", "record", "snapshots"):
+        assert value("bear_router_stage_seconds_count", stage=stage) >= 1
+    assert value("bear_router_fallbacks_total", reason="estimator-unavailable", policy="round-robin") == 1
+    assert value("bear_router_snapshot_age_seconds", instance="small-0") == pytest.approx(0.005)
+    assert value("bear_router_ttft_error_seconds_count", instance="medium-0") == 1
+    assert value("bear_router_routes_total", instance="medium-0", model="Qwen3-8B", policy="bear") == 1
+    assert value("bear_router_dependency_errors_total", service="estimator", code="UNAVAILABLE") == 1
+    assert value("bear_router_instances") == 3

@@ -1,0 +1,80 @@
+"""The router's settings: defaults, flags over the environment over the file, and errors that name the setting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bear.router.config import RouterConfig, load
+
+
+def test_defaults_match_the_charts_ports_and_the_issue() -> None:
+    config = load({}, environ={})
+    assert (config.grpc_port, config.metrics_port, config.default_policy, config.fallback_policy) == (
+        50051, 9464, "bear", "shortest-queue")
+    assert (config.estimator_address, config.predictor_address) == ("localhost:50052", "localhost:50053")
+    assert config.predictor_timeout_s == config.estimator_timeout_s == 0.1
+
+
+def test_flags_over_environment_over_file(tmp_path: Path) -> None:
+    file = tmp_path / "router.yaml"
+    file.write_text("default_policy: score\nrouter_predictor_timeout_ms: 70\nrouter_metrics_port: off\n"
+                    "estimator_address: file:1\n")
+    environ = {"BEAR_DEFAULT_POLICY": "lmdeploy", "BEAR_ESTIMATOR_ADDRESS": "env:2"}
+    config = load({"BEAR_ESTIMATOR_ADDRESS": "flag:3", "BEAR_ROUTER_GRPC_PORT": None}, str(file), environ)
+    assert (config.default_policy, config.estimator_address, config.predictor_timeout_s) == ("lmdeploy", "flag:3",
+                                                                                             0.07)
+    assert config.metrics_port is None and config.grpc_port == 50051
+
+
+def test_the_charts_environment_is_understood() -> None:
+    config = load({}, environ={"BEAR_ESTIMATOR_ADDRESS": "bear-estimator:50052",
+                               "BEAR_PREDICTOR_ADDRESS": "bear-predictor:50053", "BEAR_DEFAULT_POLICY": "bear",
+                               "BEAR_DISCOVERY": "kubernetes", "BEAR_NAMESPACE": "ns",
+                               "BEAR_POOLS_FILE": "/etc/bear/pools/pools.yaml", "BEAR_REDIS_URL": "redis://r:6379/0",
+                               "OTEL_SDK_DISABLED": "true"})
+    assert (config.discovery.mode, config.discovery.namespace, config.redis.url) == ("kubernetes", "ns",
+                                                                                     "redis://r:6379/0")
+
+
+def test_policy_parameters_are_json() -> None:
+    config = load({}, environ={"BEAR_ROUTER_POLICY_PARAMS": '{"bear": {"safety": 1.2, "fallback": "shed"}}'})
+    assert config.policy_params == {"bear": {"safety": 1.2, "fallback": "shed"}}
+    with pytest.raises(ValueError, match="BEAR_ROUTER_POLICY_PARAMS must be JSON"):
+        load({}, environ={"BEAR_ROUTER_POLICY_PARAMS": "{bear"})
+    with pytest.raises(ValueError, match="BEAR_ROUTER_POLICY_PARAMS must map"):
+        load({}, environ={"BEAR_ROUTER_POLICY_PARAMS": '{"bear": 1}'})
+
+
+@pytest.mark.parametrize(("environ", "message"), [
+    ({"BEAR_ROUTER_GRPC_PORT": "x"}, "BEAR_ROUTER_GRPC_PORT must be an integer"),
+    ({"BEAR_ROUTER_GRPC_PORT": "70000"}, "BEAR_ROUTER_GRPC_PORT must be a port number"),
+    ({"BEAR_ROUTER_PREDICTOR_TIMEOUT_MS": "0"}, "BEAR_ROUTER_PREDICTOR_TIMEOUT_MS must be > 0"),
+    ({"BEAR_LAMBDA_PER_MICRO_USD": "-1"}, "BEAR_LAMBDA_PER_MICRO_USD must be >= 0"),
+    ({"BEAR_ROUTER_TOKENIZER": "gpt"}, "BEAR_ROUTER_TOKENIZER must be one of qwen, pretokens"),
+    ({"BEAR_ROUTER_MAX_TTFT_SLO_MS": "nan"}, "BEAR_ROUTER_MAX_TTFT_SLO_MS must be > 0"),
+])
+def test_bad_settings_name_the_variable(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        load({}, environ=environ)
+
+
+def test_an_unknown_file_setting_is_named(tmp_path: Path) -> None:
+    file = tmp_path / "router.yaml"
+    file.write_text("defualt_policy: bear\n")
+    with pytest.raises(ValueError, match="unknown setting 'defualt_policy'"):
+        load({}, str(file), {})
+
+
+def test_policies_are_checked_when_the_router_is_built() -> None:
+    from bear.router.main import build_policies
+
+    policies, fallback = build_policies(RouterConfig(policy_params={"bear": {"safety": 1.5}}))
+    assert policies["bear"].safety == 1.5 and fallback.name == "shortest-queue"  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="BEAR_DEFAULT_POLICY: unknown policy 'nope'"):
+        build_policies(RouterConfig(default_policy="nope"))
+    with pytest.raises(ValueError, match="has no parameter 'speed'"):
+        build_policies(RouterConfig(policy_params={"bear": {"speed": 1}}))
+    with pytest.raises(ValueError, match="policies: unknown policy 'nope'"):
+        build_policies(RouterConfig(policy_params={"nope": {}}))

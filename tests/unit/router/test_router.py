@@ -1,0 +1,340 @@
+"""The decision pipeline with in-memory neighbours: what reaches the policy, what the decision reports, how each
+missing input degrades it, and what is recorded, measured and traced."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from bear.router.decision import DispatchRecord, Outcome
+from bear.router.query import InvalidQuery
+from bear.router.router import NoInstances
+from bear.router.signals import DependencyUnavailable, QueueLengths
+from bear.routing.contract import Decision
+from tests.unit.router.builders import (
+    INSTANCES,
+    candidate_of,
+    estimate,
+    make_router,
+    prediction,
+    route,
+)
+
+DOWN = DependencyUnavailable("x", "UNAVAILABLE", "connection refused")
+
+
+def test_bear_takes_the_best_utility_among_instances_meeting_the_target() -> None:
+    harness = make_router(estimates={"small-0": estimate("small-0", 100), "medium-0": estimate("medium-0", 200),
+                                     "large-0": estimate("large-0", 900)})
+    result = route(harness, slo_ms=500)
+    assert (result.instance_id, result.model, result.endpoint) == ("medium-0", "Qwen3-8B", "http://medium-0:8000")
+    assert result.policy == "bear" and not result.degraded and result.decision is Decision.ROUTE
+    assert [c.instance_id for c in result.candidates] == ["large-0", "medium-0", "small-0"]  # by instance id
+    large = candidate_of(result, "large-0")
+    assert (large.ttft_known, large.predicted_ttft_ms, large.feasible, large.ttft_method) == (True, 900, False,
+                                                                                                "replay")
+    assert candidate_of(result, "medium-0").feasible and candidate_of(result, "medium-0").snapshot_age_ms == 5
+
+
+def test_every_candidate_carries_predictions_cost_utility_and_score() -> None:
+    harness = make_router(predictions={"Qwen3-0.6B": prediction("Qwen3-0.6B", 0.5, 100, prompt_tokens=40),
+                                       "Qwen3-8B": prediction("Qwen3-8B", 0.7, 200, prompt_tokens=41),
+                                       "Qwen3-32B": prediction("Qwen3-32B", 0.9, 300, prompt_tokens=42)})
+    result = route(harness, lambda_per_micro_usd=1e-3)
+    medium = candidate_of(result, "medium-0")
+    cost = 41 * 0.072 + 200 * 0.287  # the instance's prices × the predictor's tokens
+    assert (medium.predicted_accuracy, medium.predicted_output_tokens, medium.prompt_tokens) == (0.7, 200, 41)
+    assert medium.predicted_cost_micro_usd == pytest.approx(cost)
+    assert medium.utility == pytest.approx(0.7 - 1e-3 * cost) and medium.score == pytest.approx(medium.utility)
+
+
+def test_an_instance_without_prices_takes_the_predictors_cost() -> None:
+    from bear.router.pool import Registration
+
+    harness = make_router(instances=(Registration("a", "p", "Qwen3-8B", "http://a"),),
+                          predictions={"Qwen3-8B": prediction("Qwen3-8B", 0.7, cost=123.0)})
+    assert route(harness).candidates[0].predicted_cost_micro_usd == 123.0
+
+
+def test_hugging_face_model_names_meet_the_catalogues_short_names() -> None:
+    from bear.router.pool import Registration
+
+    harness = make_router(instances=(Registration("a", "p", "Qwen/Qwen3-8B", "http://a"),),
+                          predictions={"Qwen3-8B": prediction("Qwen3-8B", 0.7)})
+    result = route(harness, allowed_models=("Qwen3-8B",))
+    assert result.instance_id == "a" and result.candidates[0].predicted_accuracy == 0.7 and not result.degraded
+
+
+def test_the_estimator_gets_the_routers_token_count_the_instances_and_a_horizon() -> None:
+    harness = make_router()
+    route(harness, "one two three four", slo_ms=500, request_id="q7")
+    assert harness.estimator.calls == [("q7", 4, ("large-0", "medium-0", "small-0"), (4 * 0.5 + 1) * 1000)]
+    assert harness.predictor.prompts == ["one two three four"]
+
+
+def test_a_length_only_query_skips_the_predictor_and_compares_cost() -> None:
+    harness = make_router()
+    result = route(harness, None, prompt_tokens=500, policy="latency-agnostic")
+    assert harness.predictor.prompts == [] and not result.degraded
+    assert {c.predicted_accuracy for c in result.candidates} == {0.0}
+    assert {c.prompt_tokens for c in result.candidates} == {500}
+    assert result.instance_id == "small-0"  # cheapest
+
+
+def test_the_request_id_is_generated_when_empty_and_kept_otherwise() -> None:
+    harness = make_router()
+    assert route(harness, request_id="mine").request_id == "mine"
+    generated = route(harness, request_id="").request_id
+    assert len(generated) == 32 and generated != route(harness, request_id="").request_id
+
+
+def test_the_default_policy_applies_when_the_request_names_none() -> None:
+    harness = make_router(default_policy="round-robin")
+    assert route(harness).policy == "round-robin"
+    assert route(harness, policy="shortest-queue").policy == "shortest-queue"
+
+
+def test_policies_keep_their_state_across_requests() -> None:
+    harness = make_router()
+    chosen = [route(harness, policy="round-robin").instance_id for _ in range(4)]
+    assert chosen == ["large-0", "medium-0", "small-0", "large-0"]
+
+
+def test_baselines_read_queue_lengths_and_observed_latencies() -> None:
+    harness = make_router(estimates={"small-0": estimate("small-0", running=5, waiting=2),
+                                     "medium-0": estimate("medium-0", running=1, waiting=0),
+                                     "large-0": estimate("large-0", running=3, waiting=3)})
+    assert route(harness, policy="shortest-queue").instance_id == "medium-0"
+    for request_id, instance_id, ttft_ms in (("a", "small-0", 50), ("b", "medium-0", 900), ("c", "large-0", 400)):
+        harness.store.stored[request_id] = DispatchRecord(request_id, instance_id, "m", 999.0, 10, 10, 0, 500)
+        asyncio.run(harness.router.report_outcome(Outcome(request_id, ttft_ms, 11, ttft_ms + 100)))
+    assert route(harness, policy="vllm-sr").instance_id == "small-0"
+
+
+@pytest.mark.parametrize(("broken", "reason"), [
+    ("predictor", "predictor-unavailable"),
+    ("estimator", "estimator-unavailable"),
+    ("both", "predictor-and-estimator-unavailable"),
+])
+def test_a_missing_dependency_hands_the_decision_to_the_fallback(broken: str, reason: str) -> None:
+    harness = make_router(estimates={"small-0": estimate("small-0", running=4), "medium-0": estimate("medium-0",
+                                                                                                    running=1),
+                                     "large-0": estimate("large-0", running=2)})
+    harness.store.queues = {"small-0": QueueLengths(0, 0, 10.0), "medium-0": QueueLengths(3, 3, 10.0),
+                            "large-0": QueueLengths(1, 0, 10.0)}
+    if broken in ("predictor", "both"):
+        harness.predictor.error = DependencyUnavailable("predictor", "DEADLINE_EXCEEDED", "")
+    if broken in ("estimator", "both"):
+        harness.estimator.error = DependencyUnavailable("estimator", "UNAVAILABLE", "connection refused")
+    result = route(harness)
+    assert result.degraded and result.policy == "shortest-queue" and result.decision is Decision.ROUTE
+    # Queue lengths from the estimator while it answers, else from the snapshots in Redis.
+    expected = "medium-0" if broken == "predictor" else "small-0"
+    assert result.instance_id == expected
+    source = "from the estimator" if broken == "predictor" else "from the latest snapshots in Redis"
+    assert source in result.degraded_reason and "shortest-queue" in result.degraded_reason
+    assert (broken in ("predictor", "both")) == ("predictor unavailable (DEADLINE_EXCEEDED)" in
+                                                 result.degraded_reason)
+    assert harness.metric("bear_router_fallbacks_total", reason=reason, policy="shortest-queue") == 1
+
+
+def test_without_queue_lengths_the_last_resort_is_round_robin() -> None:
+    harness = make_router()
+    harness.estimator.error = DOWN
+    harness.store.down = True  # no snapshots either
+    chosen = [route(harness) for _ in range(3)]
+    assert {r.policy for r in chosen} == {"round-robin"} and all(r.degraded for r in chosen)
+    assert [r.instance_id for r in chosen] == ["large-0", "medium-0", "small-0"]
+    assert "no queue lengths" in chosen[0].degraded_reason
+
+
+def test_stale_snapshots_give_the_fallback_no_queue_lengths() -> None:
+    harness = make_router()
+    harness.estimator.error = DOWN
+    harness.store.queues = {i.instance_id: QueueLengths(1, 1, 60_000.0) for i in INSTANCES}  # a minute old
+    result = route(harness)
+    assert result.policy == "round-robin" and "no queue lengths" in result.degraded_reason
+
+
+def test_a_policy_that_raises_is_replaced_by_the_fallback() -> None:
+    harness = make_router()
+
+    class Broken:
+        name, estimator = "broken", None
+
+        def choose(self, request, candidates):  # noqa: ANN001, ANN202
+            raise ZeroDivisionError("bug")
+
+    harness.router._policies["bear"] = Broken()  # noqa: SLF001 - inject a faulty policy
+    result = route(harness)
+    assert result.degraded and "policy broken failed (ZeroDivisionError: bug)" in result.degraded_reason
+    assert harness.metric("bear_router_fallbacks_total", reason="policy-error", policy="shortest-queue") == 1
+
+
+def test_a_predictor_without_the_pools_models_counts_as_unavailable() -> None:
+    harness = make_router(predictions={"other-model": prediction("other-model", 0.9)})
+    result = route(harness)
+    assert result.degraded and "NO_PREDICTION" in result.degraded_reason
+    assert harness.metric("bear_router_unpredicted_instances_total", model="Qwen3-8B") == 1
+
+
+def test_instances_whose_model_is_not_predicted_are_left_out() -> None:
+    harness = make_router(predictions={"Qwen3-8B": prediction("Qwen3-8B", 0.7)})
+    result = route(harness)
+    assert [c.instance_id for c in result.candidates] == ["medium-0"] and not result.degraded
+
+
+def test_infeasible_and_unknown_estimates_reach_the_policy_as_such() -> None:
+    harness = make_router(estimates={"small-0": estimate("small-0", 100, feasible=False),
+                                     "medium-0": estimate("medium-0", None, method="none", running=None,
+                                                          age_ms=None),
+                                     "large-0": estimate("large-0", 300, method="lps")})
+    result = route(harness, slo_ms=500)
+    assert result.instance_id == "large-0"
+    small, medium = candidate_of(result, "small-0"), candidate_of(result, "medium-0")
+    assert math.isinf(small.predicted_ttft_ms) and not small.feasible
+    assert (medium.ttft_known, medium.ttft_method, medium.snapshot_age_ms) == (False, "none", -1.0)
+    assert candidate_of(result, "large-0").ttft_method == "lps"
+
+
+def test_prefill_throughput_policy_shows_the_estimate_it_used() -> None:
+    harness = make_router(estimates={r.instance_id: estimate(r.instance_id, 100, prefill_tps_ms=700)
+                                     for r in INSTANCES})
+    result = route(harness, policy="bear-prefill-tps", slo_ms=500)
+    assert {(c.ttft_method, c.predicted_ttft_ms, c.feasible) for c in result.candidates} == {
+        ("prefill-tps", 700, False)}
+
+
+def test_a_shed_query_goes_nowhere_and_is_not_recorded() -> None:
+    harness = make_router(estimates={r.instance_id: estimate(r.instance_id, 5000) for r in INSTANCES})
+    harness.router._policies["bear"] = __import__("bear.routing.registry", fromlist=["x"]).build_policy(  # noqa: SLF001
+        "bear", {"fallback": "shed"})
+    result = route(harness, slo_ms=500)
+    assert result.decision is Decision.SHED and result.instance_id == "" and result.endpoint == ""
+    assert harness.store.records == []
+    assert harness.metric("bear_router_sheds_total", policy="bear") == 1
+
+
+def test_the_dispatch_is_recorded_with_the_chosen_candidates_predictions() -> None:
+    harness = make_router(predictions={"Qwen3-0.6B": prediction("Qwen3-0.6B", 0.9, 321, prompt_tokens=12),
+                                       "Qwen3-8B": prediction("Qwen3-8B", 0.1),
+                                       "Qwen3-32B": prediction("Qwen3-32B", 0.1)},
+                          estimates={r.instance_id: estimate(r.instance_id, 150) for r in INSTANCES})
+    route(harness, request_id="q9", slo_ms=400)
+    assert harness.store.records == [DispatchRecord("q9", "small-0", "Qwen3-0.6B", 1000.0, 12, 321, 150.0, 400)]
+
+
+def test_redis_down_loses_the_record_but_not_the_decision() -> None:
+    harness = make_router()
+    harness.store.down = True
+    result = route(harness)
+    assert result.decision is Decision.ROUTE and not result.degraded
+    assert harness.metric("bear_router_dependency_errors_total", service="redis", code="ConnectionError") >= 1
+    assert harness.metric("bear_router_unrecorded_dispatches_total", reason="redis-unavailable") == 1
+    record = next(s for s in harness.spans.get_finished_spans() if s.name == "bear.record")
+    assert not record.status.is_ok and "redis unavailable" in record.status.description
+
+
+def test_no_ready_instance_is_no_instances() -> None:
+    harness = make_router(instances=())
+    with pytest.raises(NoInstances, match="no ready instance"):
+        route(harness)
+
+
+@pytest.mark.parametrize(("fields", "field"), [
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": " \n"}, "prompt"),
+    ({"prompt": None, "prompt_tokens": 0}, "prompt_tokens"),
+    ({"prompt": None, "prompt_tokens": 5000}, "prompt_tokens"),
+    ({"prompt": "word " * 2000}, "prompt"),  # more tokens than the limit
+    ({"prompt": "x" * 20_000}, "prompt"),  # more bytes than the limit
+    ({"slo_ms": -1}, "ttft_slo_ms"),
+    ({"slo_ms": math.nan}, "ttft_slo_ms"),
+    ({"slo_ms": math.inf}, "ttft_slo_ms"),
+    ({"slo_ms": 1e12}, "ttft_slo_ms"),
+    ({"slo_ms": 0}, "ttft_slo_ms"),
+    ({"policy": "fastest"}, "policy"),
+    ({"allowed_models": ("gpt-9",)}, "allowed_models"),
+    ({"lambda_per_micro_usd": -1.0}, "lambda_per_micro_usd"),
+    ({"delta_per_s": math.nan}, "delta_per_s"),
+    ({"request_id": "r" * 200}, "request_id"),
+])
+def test_bad_input_is_refused_naming_the_field(fields: dict[str, object], field: str) -> None:
+    harness = make_router()
+    prompt = fields.pop("prompt", "Summarize the report.")
+    with pytest.raises(InvalidQuery) as caught:
+        route(harness, prompt, **fields)  # type: ignore[arg-type]
+    assert caught.value.field == field and str(caught.value).startswith(f"{field}: ")
+    assert harness.metric("bear_router_invalid_requests_total", field=field) == 1
+    assert harness.estimator.calls == []
+
+
+def test_report_outcome_measures_the_prediction_error_of_its_instance() -> None:
+    harness = make_router(estimates={r.instance_id: estimate(r.instance_id, 150) for r in INSTANCES})
+    result = route(harness, request_id="q1")
+    known, predicted = asyncio.run(harness.router.report_outcome(Outcome("q1", 100.0, 50, 600.0)))
+    assert (known, predicted) == (True, 150.0)
+    instance = result.instance_id
+    assert harness.metric("bear_router_ttft_error_seconds_bucket", instance=instance, le="0.025") == 0
+    assert harness.metric("bear_router_ttft_error_seconds_bucket", instance=instance, le="0.05") == 1
+    assert harness.metric("bear_router_ttft_abs_error_seconds_sum", instance=instance) == pytest.approx(0.05)
+    assert harness.metric("bear_router_outcomes_total", known="true") == 1
+
+
+def test_report_outcome_of_an_unknown_request_is_not_known() -> None:
+    harness = make_router()
+    assert asyncio.run(harness.router.report_outcome(Outcome("nobody", 100.0))) == (False, 0.0)
+    harness.store.down = True
+    assert asyncio.run(harness.router.report_outcome(Outcome("nobody", 100.0))) == (False, 0.0)
+    with pytest.raises(InvalidQuery, match="observed_ttft_ms"):
+        asyncio.run(harness.router.report_outcome(Outcome("q", -5.0)))
+    with pytest.raises(InvalidQuery, match="request_id"):
+        asyncio.run(harness.router.report_outcome(Outcome("", 5.0)))
+
+
+def test_report_outcome_finds_decisions_other_replicas_recorded() -> None:
+    harness = make_router()
+    harness.store.stored["elsewhere"] = DispatchRecord("elsewhere", "large-0", "Qwen3-32B", 999.0, 10, 10, 80.0, 500)
+    assert asyncio.run(harness.router.report_outcome(Outcome("elsewhere", 100.0))) == (True, 80.0)
+
+
+def test_each_stage_has_a_span_and_a_histogram_under_the_route_span() -> None:
+    harness = make_router()
+    route(harness, request_id="traced", slo_ms=300)
+    spans = {s.name: s for s in harness.spans.get_finished_spans()}
+    assert {"bear.route", "bear.predict", "bear.estimate", "bear.choose", "bear.record"} <= set(spans)
+    root = spans["bear.route"]
+    for stage in ("bear.predict", "bear.estimate", "bear.choose", "bear.record"):
+        assert spans[stage].parent.span_id == root.context.span_id
+        assert harness.metric("bear_router_stage_seconds_count", stage=stage.removeprefix("bear.")) == 1
+    attributes = root.attributes
+    assert (attributes["bear.request_id"], attributes["bear.ttft_slo_ms"], attributes["bear.policy"]) == (
+        "traced", 300, "bear")
+    assert attributes["bear.prompt_tokens"] == 3 and attributes["bear.num_candidates"] == 3
+    events = [e for e in root.events if e.name == "bear.candidate"]
+    assert {e.attributes["bear.instance_id"] for e in events} == {"small-0", "medium-0", "large-0"}
+    chosen = [e for e in events if e.attributes["bear.chosen"]]
+    assert len(chosen) == 1 and chosen[0].attributes["bear.instance_id"] == attributes["bear.instance_id"]
+    assert set(chosen[0].attributes) >= {"bear.predicted_accuracy", "bear.predicted_cost_micro_usd", "bear.utility",
+                                         "bear.predicted_ttft_ms", "bear.feasible", "bear.ttft_method"}
+    assert harness.metric("bear_router_decision_seconds_count", policy="bear") == 1
+    assert harness.metric("bear_router_routes_total", instance=attributes["bear.instance_id"],
+                          model=attributes["bear.model"], policy="bear") == 1
+    assert harness.metric("bear_router_snapshot_age_seconds", instance="small-0") == pytest.approx(0.005)
+
+
+def test_registrations_are_refreshed_and_kept_when_redis_fails() -> None:
+    harness = make_router()
+    asyncio.run(harness.router.refresh_instances())
+    assert harness.metric("bear_router_instances") == 3
+    harness.store.registrations_.pop("large-0")
+    asyncio.run(harness.router.refresh_instances())
+    assert len(route(harness).candidates) == 3  # kept a while: Redis may have lost it
+    harness.clock[0] += 20
+    asyncio.run(harness.router.refresh_instances())
+    assert [c.instance_id for c in route(harness).candidates] == ["medium-0", "small-0"]
+    harness.store.down = True
+    asyncio.run(harness.router.refresh_instances())
+    assert len(route(harness).candidates) == 2
