@@ -302,6 +302,8 @@ def test_router_estimator_and_predictor_are_wired_to_each_other(reports: dict[st
     assert router["BEAR_ESTIMATOR_ADDRESS"] == f"{services['estimator']['metadata']['name']}:50052"
     assert router["BEAR_PREDICTOR_ADDRESS"] == f"{services['predictor']['metadata']['name']}:50053"
     assert router["BEAR_DEFAULT_POLICY"] == "bear"
+    estimator = env(container(component(report, "Deployment", "estimator"), "estimator"))
+    assert estimator["BEAR_PREDICTOR_ADDRESS"] == router["BEAR_PREDICTOR_ADDRESS"]  # residents' remaining lengths
     for name in ("router", "estimator"):
         settings = env(container(component(report, "Deployment", name), name))
         assert (settings["BEAR_DISCOVERY"], settings["BEAR_NAMESPACE"]) == ("kubernetes", "$(POD_NAMESPACE)")
@@ -311,7 +313,8 @@ def test_router_estimator_and_predictor_are_wired_to_each_other(reports: dict[st
         main = container(deployment, name)
         assert main["args"][:2] == ["serve", name] and deployment["spec"]["replicas"] == 2
         settings = env(main)
-        assert settings["BEAR_REDIS_URL"] == f"redis://{services['redis']['metadata']['name']}:6379/0"
+        redis_url = f"redis://{services['redis']['metadata']['name']}:6379/0"
+        assert settings.get("BEAR_REDIS_URL") == (redis_url if name != "predictor" else None)  # it needs no Redis
         assert settings["OTEL_SERVICE_NAME"] == f"bear-{name}"
     predictor = env(container(component(report, "Deployment", "predictor"), "predictor"))
     assert predictor["BEAR_PREDICTOR_MODEL_DIR"] == "/var/lib/bear/predictor"
@@ -404,8 +407,8 @@ def test_an_external_redis_gets_its_password_from_a_secret_and_tls_files_mounted
     assert not [s for s in of_kind(report, "Service").values()
                 if s["metadata"]["labels"]["app.kubernetes.io/component"] == "redis"]
     bear_containers = [c for d in of_kind(report, "Deployment").values() for c in d["spec"]["template"]["spec"]
-                       ["containers"] if c["name"] != "vllm"]
-    assert len(bear_containers) == 3 + len(PAPER_POOLS)
+                       ["containers"] if c["name"] not in ("vllm", "predictor")]  # the predictor needs no Redis
+    assert len(bear_containers) == 2 + len(PAPER_POOLS)
     for c in bear_containers:
         settings = env(c)
         assert settings["BEAR_REDIS_URL"] == "rediss://redis.cache.svc.cluster.local:6380/0"
@@ -439,13 +442,24 @@ def test_the_notes_tell_how_to_call_route(reports: dict[str, Any]) -> None:
     assert "bear.v1.Router/Route" in notes and f"port-forward svc/{RELEASE}-bear-router 50051:50051" in notes
 
 
+@pytest.mark.parametrize("example", sorted(GOOD_CASES))
+def test_every_setting_the_chart_gives_a_service_is_one_it_reads(reports: dict[str, Any], example: str) -> None:
+    from bear.estimator.config import ENVIRONMENT as ESTIMATOR
+    from bear.predictor.config import ENVIRONMENT as PREDICTOR
+    from bear.router.config import ENVIRONMENT as ROUTER
+
+    known = {"router": set(ROUTER), "estimator": set(ESTIMATOR), "predictor": set(PREDICTOR)}
+    for name, reads in known.items():
+        given = {k for k in env(container(component(reports[example], "Deployment", name), name)) if k.startswith("BEAR_")}
+        assert given <= reads, f"{name} is given settings it never reads: {sorted(given - reads)}"
+
+
 def test_the_services_are_started_with_arguments_the_cli_accepts(reports: dict[str, Any]) -> None:
     from bear.cli.main import build_parser
 
     parser = build_parser()
     commands = next(a for a in parser._actions if a.dest == "command").choices  # noqa: SLF001 (argparse's only way)
-    if "serve" not in commands:
-        pytest.skip("`bear serve` is not implemented yet (issue 6)")
+    assert "serve" in commands
     report = reports["example-paper-pools"]
     for workload in of_kind(report, "Deployment").values():
         for c in workload["spec"]["template"]["spec"]["containers"]:

@@ -13,6 +13,8 @@
 {{- define "bear.estimatorEnv" -}}
 - name: BEAR_MAX_SNAPSHOT_AGE_S
   value: {{ .Values.estimator.maxSnapshotAgeSeconds | toString | quote }}
+- name: BEAR_PREDICTOR_ADDRESS
+  value: {{ printf "%s:%v" (include "bear.componentName" (dict "root" . "component" "predictor")) .Values.predictor.grpcPort | quote }}
 {{ include "bear.discoveryEnv" . }}
 {{- end -}}
 
