@@ -6,6 +6,11 @@ the simulated pool's router (fed by simulated first tokens and completions).
                                    RouteBalance)
     request_throughput_rps         completions in the last `throughput_window_s`, per second (LMDeploy's proxy);
                                    the window is cut to the time since observation began, None before any completion
+    ttft_offset_s                  the median of the last `residual_window` observed − estimated TTFTs (0 before
+                                   `MIN_RESIDUALS`): what the estimate leaves out at this instance every time (the
+                                   API server's tokenising and IPC, the network, overhead between engine steps). The
+                                   median ignores stalls (it tolerates up to half the window being outliers; a fitted
+                                   slope, tried on a real vLLM server here, was thrown off by them).
 """
 
 from __future__ import annotations
@@ -13,19 +18,24 @@ from __future__ import annotations
 import math
 from collections import deque
 
+import numpy as np
+
 from bear.routing.contract import Estimator
 
 OBSERVATION_WINDOW = 1000  # recent TTFT/TPOT observations kept per instance
 THROUGHPUT_WINDOW_S = 10.0
+RESIDUAL_WINDOW = 64  # recent observed − estimated TTFTs kept per instance
+MIN_RESIDUALS = 8
 
 
 class InstanceObservations:
     """Outcomes observed at one instance. Not thread-safe: one owner (an event loop, a simulation) feeds and reads it."""
 
     def __init__(self, window: int = OBSERVATION_WINDOW, throughput_window_s: float = THROUGHPUT_WINDOW_S,
-                 started_at_s: float = 0.0) -> None:
-        if window < 1 or not throughput_window_s > 0:
-            raise ValueError("window must be >= 1 and throughput_window_s > 0")
+                 started_at_s: float = 0.0, residual_window: int = RESIDUAL_WINDOW) -> None:
+        if window < 1 or not throughput_window_s > 0 or residual_window < 0:
+            raise ValueError("window must be >= 1, throughput_window_s > 0 and residual_window >= 0")
+        self._residuals_s: deque[float] = deque(maxlen=residual_window)
         self._ttft_s: deque[float] = deque(maxlen=window)
         self._tpot_s: deque[float] = deque(maxlen=window)
         self._completions_s: deque[float] = deque()
@@ -33,9 +43,12 @@ class InstanceObservations:
         self._started_at_s = started_at_s
 
     def observe(self, ttft_s: float | None = None, tpot_s: float | None = None,
-                completed_at_s: float | None = None) -> None:
+                completed_at_s: float | None = None, estimated_ttft_s: float | None = None) -> None:
+        """`estimated_ttft_s`: the estimator's TTFT for this query, without any offset (feeds `ttft_offset_s`)."""
         if ttft_s is not None and math.isfinite(ttft_s):
             self._ttft_s.append(ttft_s)
+            if estimated_ttft_s is not None and math.isfinite(estimated_ttft_s) and self._residuals_s.maxlen:
+                self._residuals_s.append(ttft_s - estimated_ttft_s)
         if tpot_s is not None and math.isfinite(tpot_s):
             self._tpot_s.append(tpot_s)
         if completed_at_s is not None:
@@ -48,6 +61,11 @@ class InstanceObservations:
     @property
     def recent_tpot_s(self) -> tuple[float, ...]:
         return tuple(self._tpot_s)
+
+    @property
+    def ttft_offset_s(self) -> float:
+        residuals = self._residuals_s
+        return float(np.median(residuals)) if len(residuals) >= MIN_RESIDUALS else 0.0
 
     def request_throughput_rps(self, now_s: float) -> float | None:
         completions = self._completions_s

@@ -56,8 +56,9 @@ class DispatchRecord:
     dispatched_at_s: float
     prompt_tokens: int
     predicted_output_tokens: float
-    predicted_ttft_ms: float  # 0: no estimate
+    predicted_ttft_ms: float  # 0: no estimate; includes ttft_offset_ms
     ttft_slo_ms: float
+    ttft_offset_ms: float = 0.0  # the instance's learnt offset, added to the estimator's TTFT
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,7 @@ from bear.router.signals import (
 )
 from bear.router.telemetry import Telemetry, record_decision
 from bear.routing.contract import Candidate, Choice, Decision, Policy, RouteRequest
-from bear.routing.observations import OBSERVATION_WINDOW, THROUGHPUT_WINDOW_S
+from bear.routing.observations import OBSERVATION_WINDOW, RESIDUAL_WINDOW, THROUGHPUT_WINDOW_S
 from bear.routing.registry import build_policy
 
 logger = logging.getLogger("bear.router")
@@ -78,6 +78,7 @@ class RouterSettings:
     default_output_tokens: float
     limits: Limits
     fallback_snapshot_max_age_s: float
+    ttft_feedback_window: int = RESIDUAL_WINDOW  # 0: estimates are used as the estimator gives them
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +104,8 @@ class Router:
         self._telemetry, self._metrics = telemetry, telemetry.metrics
         self._count_tokens, self._clock = count_tokens, clock
         self._policy_names = frozenset(policies)
-        self._observations = ObservationBook(OBSERVATION_WINDOW, THROUGHPUT_WINDOW_S, clock())
+        self._observations = ObservationBook(OBSERVATION_WINDOW, THROUGHPUT_WINDOW_S, clock(),
+                                             settings.ttft_feedback_window)
         self._recent = RecentDispatches()
         self._recorder = DispatchRecorder(store, telemetry.tracer, telemetry.metrics)
         self._loaded = False
@@ -206,10 +208,12 @@ class Router:
                 self._metrics.dependency_errors.labels("estimator", error.code).inc()
                 span.set_attribute("bear.error", str(error))
                 return None, error
+        corrected = {}
         for instance_id, estimate in estimates.items():
             if estimate.snapshot_age_ms is not None:
                 self._metrics.set_snapshot_age(instance_id, estimate.snapshot_age_ms / 1000)
-        return estimates, None
+            corrected[instance_id] = estimate.with_offset(self._observations.of(instance_id).ttft_offset_s * 1000)
+        return corrected, None
 
     def _covered(self, instances: tuple[InstanceInfo, ...], predictions: Mapping[str, ModelPrediction] | None,
                  error: DependencyUnavailable | None) -> tuple[tuple[InstanceInfo, ...],
@@ -265,9 +269,12 @@ class Router:
         """The dispatch, in memory and (soon, see bear.router.recorder) in Redis, with the estimator's TTFT (0: none)
         to measure outcomes against."""
         ttft = estimate.ttft_s if estimate is not None else None
-        predicted_ttft_ms = ttft * 1000 if ttft is not None and math.isfinite(ttft) else 0.0
+        known = ttft is not None and math.isfinite(ttft)
+        predicted_ttft_ms = ttft * 1000 if known else 0.0
+        offset_ms = estimate.ttft_offset_ms if known and estimate is not None else 0.0
         record = DispatchRecord(query.request_id, chosen.instance_id, chosen.model, self._clock(),
-                                chosen.prompt_tokens, chosen.output_tokens, predicted_ttft_ms, query.ttft_slo_ms)
+                                chosen.prompt_tokens, chosen.output_tokens, predicted_ttft_ms, query.ttft_slo_ms,
+                                offset_ms)
         self._recent.add(record)
         self._recorder.submit(record)
 
@@ -294,13 +301,16 @@ class Router:
             self._metrics.outcomes.labels("true" if record is not None else "false").inc()
             if record is None:
                 return False, 0.0
+            estimated_ttft_s = ((record.predicted_ttft_ms - record.ttft_offset_ms) / 1000
+                                if record.predicted_ttft_ms > 0 and outcome.observed_ttft_ms > 0 else None)
             self._observations.of(record.instance_id).observe(
                 ttft_s=outcome.observed_ttft_ms / 1000, tpot_s=outcome.tpot_s,
-                completed_at_s=now_s if outcome.observed_e2e_ms > 0 else None)
+                completed_at_s=now_s if outcome.observed_e2e_ms > 0 else None, estimated_ttft_s=estimated_ttft_s)
             if span.is_recording():
                 span.set_attributes({"bear.request_id": outcome.request_id, "bear.instance_id": record.instance_id,
                                      "bear.observed_ttft_ms": outcome.observed_ttft_ms,
                                      "bear.predicted_ttft_ms": record.predicted_ttft_ms})
+            self._metrics.set_ttft_offset(record.instance_id, self._observations.of(record.instance_id).ttft_offset_s)
             if record.predicted_ttft_ms > 0:
                 error_s = (record.predicted_ttft_ms - outcome.observed_ttft_ms) / 1000
                 self._metrics.ttft_error_seconds.labels(record.instance_id).observe(error_s)

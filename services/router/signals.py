@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bear.router.pool import InstanceInfo, short_model_name
 from bear.routing.contract import Candidate, InstanceSignals
-from bear.routing.observations import InstanceObservations, ttft_estimates_s
+from bear.routing.observations import RESIDUAL_WINDOW, InstanceObservations, ttft_estimates_s
 
 
 class DependencyUnavailable(Exception):
@@ -60,6 +60,19 @@ class InstanceEstimate:
     num_running: int | None = None  # None: no snapshot to count from
     num_waiting: int | None = None
     pending_decode_tokens: float | None = None
+    ttft_offset_ms: float = 0.0  # added to the estimator's TTFT by the router (see with_offset)
+
+    def with_offset(self, offset_ms: float) -> InstanceEstimate:
+        """The estimate plus the instance's learnt TTFT offset (bear.routing.observations), never below 0; unknown
+        and infeasible estimates stay as they are."""
+        if not self.known or not self.feasible or offset_ms == 0.0:
+            return self
+        return replace(self, ttft_ms=max(0.0, self.ttft_ms + offset_ms), ttft_offset_ms=offset_ms)
+
+    @property
+    def raw_ttft_ms(self) -> float:
+        """The estimator's own TTFT, without the offset."""
+        return self.ttft_ms - self.ttft_offset_ms
 
     @property
     def ttft_s(self) -> float | None:
@@ -81,14 +94,17 @@ class QueueLengths:
 class ObservationBook:
     """Observed outcomes per instance (fed by ReportOutcome)."""
 
-    def __init__(self, window: int, throughput_window_s: float, started_at_s: float) -> None:
+    def __init__(self, window: int, throughput_window_s: float, started_at_s: float,
+                 residual_window: int = RESIDUAL_WINDOW) -> None:
         self._window, self._throughput_window_s, self._started_at_s = window, throughput_window_s, started_at_s
+        self._residual_window = residual_window
         self._by_instance: dict[str, InstanceObservations] = {}
 
     def of(self, instance_id: str) -> InstanceObservations:
         observations = self._by_instance.get(instance_id)
         if observations is None:
-            observations = InstanceObservations(self._window, self._throughput_window_s, self._started_at_s)
+            observations = InstanceObservations(self._window, self._throughput_window_s, self._started_at_s,
+                                                self._residual_window)
             self._by_instance[instance_id] = observations
         return observations
 

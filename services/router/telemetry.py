@@ -59,9 +59,13 @@ class RouterMetrics:
                                 "found", ["known"], registry=registry)
         self.snapshot_age_seconds = Gauge("bear_router_snapshot_age_seconds", "Age of the snapshot behind the latest "
                                           "estimate, by instance", ["instance"], registry=registry)
+        self.ttft_offset_seconds = Gauge("bear_router_ttft_offset_seconds", "Learnt offset added to the estimator's "
+                                         "TTFTs (median observed − estimated), by instance", ["instance"],
+                                         registry=registry)
         self.instances = Gauge("bear_router_instances", "Routable instances", registry=registry)
         self._stages = {stage: self.stage_seconds.labels(stage) for stage in STAGES}
         self._aged: set[str] = set()
+        self._offset: set[str] = set()
 
     def stage(self, name: str) -> Histogram:
         return self._stages[name]
@@ -70,11 +74,18 @@ class RouterMetrics:
         self.snapshot_age_seconds.labels(instance_id).set(age_s)
         self._aged.add(instance_id)
 
+    def set_ttft_offset(self, instance_id: str, offset_s: float) -> None:
+        self.ttft_offset_seconds.labels(instance_id).set(offset_s)
+        self._offset.add(instance_id)
+
     def forget_instances_except(self, instance_ids: set[str]) -> None:
-        """Drops the per-instance age of instances that are gone."""
+        """Drops the per-instance gauges of instances that are gone."""
         for instance_id in self._aged - instance_ids:
             self.snapshot_age_seconds.remove(instance_id)
+        for instance_id in self._offset - instance_ids:
+            self.ttft_offset_seconds.remove(instance_id)
         self._aged &= instance_ids
+        self._offset &= instance_ids
 
 
 class Telemetry:

@@ -117,7 +117,7 @@ class Harness:
 def make_router(*, instances: Sequence[Registration] = INSTANCES,
                 predictions: Mapping[str, ModelPrediction] | None = None,
                 estimates: Mapping[str, InstanceEstimate] | None = None, default_policy: str = "bear",
-                fallback: str = "shortest-queue", clock_s: float = 1000.0) -> Harness:
+                fallback: str = "shortest-queue", clock_s: float = 1000.0, ttft_feedback_window: int = 64) -> Harness:
     if predictions is None:
         predictions = {"Qwen3-0.6B": prediction("Qwen3-0.6B", 0.5), "Qwen3-8B": prediction("Qwen3-8B", 0.7),
                        "Qwen3-32B": prediction("Qwen3-32B", 0.9)}
@@ -130,7 +130,7 @@ def make_router(*, instances: Sequence[Registration] = INSTANCES,
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     registry = CollectorRegistry()
     clock = [clock_s]
-    settings = RouterSettings(default_policy, 5e-4, 4.0, 256.0, LIMITS, 10.0)
+    settings = RouterSettings(default_policy, 5e-4, 4.0, 256.0, LIMITS, 10.0, ttft_feedback_window)
     policies = {name: build_policy(name) for name in policy_names()}
     router = Router(settings, InstancePool(lambda: {}), predictor, estimator, store, policies,
                     build_policy(fallback), Telemetry(provider.get_tracer("test"), RouterMetrics(registry)),

@@ -13,6 +13,7 @@ from bear.router.query import InvalidQuery
 from bear.router.router import NoInstances
 from bear.router.signals import DependencyUnavailable, QueueLengths
 from bear.routing.contract import Decision
+from bear.routing.observations import MIN_RESIDUALS
 from tests.unit.router.builders import (
     INSTANCES,
     candidate_of,
@@ -281,6 +282,36 @@ def test_report_outcome_measures_the_prediction_error_of_its_instance() -> None:
     assert harness.metric("bear_router_ttft_error_seconds_bucket", instance=instance, le="0.05") == 1
     assert harness.metric("bear_router_ttft_abs_error_seconds_sum", instance=instance) == pytest.approx(0.05)
     assert harness.metric("bear_router_outcomes_total", known="true") == 1
+
+
+def test_outcomes_teach_the_router_what_the_estimates_leave_out_at_each_instance() -> None:
+    # The estimator says 100 ms everywhere; at large-0 clients see 130-ish ms (the API server's time, say).
+    harness = make_router(estimates={r.instance_id: estimate(r.instance_id, 100) for r in INSTANCES})
+    observed = [128.0, 131.0, 129.0, 135.0, 130.0, 400.0, 127.0, 130.0, 130.0]  # one stall: the median ignores it
+    for n, ttft_ms in enumerate(observed):
+        result = route(harness, request_id=f"q{n}", allowed_models=("Qwen3-32B",))
+        assert result.instance_id == "large-0"
+        expected = 100.0 if n < MIN_RESIDUALS else 130.0  # the offset needs MIN_RESIDUALS outcomes
+        assert candidate_of(result, "large-0").predicted_ttft_ms == pytest.approx(expected)
+        known, predicted = asyncio.run(harness.router.report_outcome(Outcome(f"q{n}", ttft_ms, 50, 900.0)))
+        assert known and predicted == pytest.approx(expected)
+    # Residuals are taken against the estimator's own TTFT, so the offset does not feed on itself.
+    assert harness.metric("bear_router_ttft_offset_seconds", instance="large-0") == pytest.approx(0.030)
+    other = route(harness, request_id="other", allowed_models=("Qwen3-8B",))
+    assert candidate_of(other, "medium-0").predicted_ttft_ms == pytest.approx(100.0)  # per instance
+    record = next(r for r in harness.store.records if r.request_id == "q8")
+    assert (record.predicted_ttft_ms, record.ttft_offset_ms) == (pytest.approx(130.0), pytest.approx(30.0))
+
+
+def test_the_offset_decides_feasibility_and_can_be_turned_off() -> None:
+    for window, routed_to in ((64, "medium-0"), (0, "large-0")):
+        harness = make_router(estimates={r.instance_id: estimate(r.instance_id, 100) for r in INSTANCES},
+                              ttft_feedback_window=window)
+        for n in range(MIN_RESIDUALS):
+            route(harness, request_id=f"w{n}", allowed_models=("Qwen3-32B",))
+            asyncio.run(harness.router.report_outcome(Outcome(f"w{n}", 400.0)))
+        result = route(harness, request_id="q", slo_ms=300)  # 32B is the most accurate, but 100 + 300 ms > 300 ms
+        assert result.instance_id == routed_to
 
 
 def test_report_outcome_of_an_unknown_request_is_not_known() -> None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
-from bear.routing.observations import InstanceObservations, ttft_estimates_s
+from bear.routing.observations import MIN_RESIDUALS, InstanceObservations, ttft_estimates_s
 
 
 def test_windows_keep_the_latest_observations_oldest_first() -> None:
@@ -30,3 +31,29 @@ def test_estimates_by_estimator_name() -> None:
     assert ttft_estimates_s(None) == {}
     assert ttft_estimates_s(0.2, prefill_tps_ttft_s=0.1) == {"bea": 0.2, "prefill-tps": 0.1}
     assert ttft_estimates_s(math.inf, lps=True) == {"bea": math.inf, "lps": math.inf}
+
+
+def test_the_ttft_offset_is_the_median_residual_and_ignores_stalls() -> None:
+    observations = InstanceObservations(residual_window=64)
+    rng = np.random.default_rng(0)
+    estimated = rng.uniform(0.005, 0.4, 60)
+    observed = estimated + 0.006 + rng.normal(0, 0.001, 60)
+    observed[::4] += 0.3  # stalls: a quarter of the outcomes
+    for n, (e, o) in enumerate(zip(estimated, observed, strict=True)):
+        assert (observations.ttft_offset_s == 0.0) is (n < MIN_RESIDUALS)
+        observations.observe(ttft_s=float(o), estimated_ttft_s=float(e))
+        observations.observe(ttft_s=float(o))  # no estimate: not a residual
+    assert observations.ttft_offset_s == pytest.approx(0.006, abs=0.001)
+
+
+def test_the_ttft_offset_keeps_the_last_window_and_can_be_off() -> None:
+    observations = InstanceObservations(residual_window=10)
+    for _ in range(10):
+        observations.observe(ttft_s=0.3, estimated_ttft_s=0.1)
+    for _ in range(10):
+        observations.observe(ttft_s=0.05, estimated_ttft_s=0.1)
+    assert observations.ttft_offset_s == pytest.approx(-0.05)  # an over-estimate is corrected too
+    off = InstanceObservations(residual_window=0)
+    for _ in range(10):
+        off.observe(ttft_s=0.05, estimated_ttft_s=0.1)
+    assert off.ttft_offset_s == 0.0
