@@ -2,11 +2,14 @@
 
 Run with the vLLM virtualenv's Python (transformers, tokenizers, torch):
 
-    python make_tiny_model.py OUT_DIR [--seed 0]
+    python make_tiny_model.py OUT_DIR [--seed 0] [--vocabulary WORDS_FILE]
 
 The shape (hidden 512, intermediate 1536, 6 layers, 8 heads, 4 KV heads, head dim 64, vocabulary 2048; ~19M
 parameters, bfloat16) makes a CPU step's time depend on its tokens, which the batch-time fit needs. The tokenizer is
-trained in memory on generated words, its vocabulary the model's, with an end-of-text token.
+trained in memory on generated words, its vocabulary the model's, with an end-of-text token. With --vocabulary (a file
+of words, whitespace-separated) it is a word-level one instead: one token per word or punctuation run
+(`\w+|[^\w\s]+`, tokenizers' `Whitespace` pre-tokenizer), the file's words each a token of their own and any other
+piece an unknown-word token, so that it counts a prompt's tokens exactly as BEAR's `pretokens` tokenizer does.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen3Con
 
 VOCAB = 2048
 EOS = "<|endoftext|>"
+UNK = "<|unknown|>"
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
 
 
 def corpus(rng: random.Random, lines: int = 4000) -> list[str]:
@@ -39,19 +44,36 @@ def make_tokenizer(rng: random.Random) -> PreTrainedTokenizerFast:
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator(corpus(rng), trainer)
     assert tokenizer.get_vocab_size() <= VOCAB, tokenizer.get_vocab_size()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, eos_token=EOS, pad_token=EOS,
-        chat_template="{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:")
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS, pad_token=EOS,
+                                   chat_template=CHAT_TEMPLATE)
+
+
+def make_word_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
+    """One token per word or punctuation run; the first VOCAB - 2 distinct `words` known, others unknown."""
+    vocabulary = {EOS: 0, UNK: 1}
+    for word in words:
+        if len(vocabulary) < VOCAB:
+            vocabulary.setdefault(word, len(vocabulary))
+    tokenizer = Tokenizer(models.WordLevel(vocabulary, unk_token=UNK))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.decoder = decoders.WordPiece()  # joins words with spaces
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS, pad_token=EOS, unk_token=UNK,
+                                   chat_template=CHAT_TEMPLATE)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--vocabulary", help="a file of words: a word-level tokenizer knowing them")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     torch.manual_seed(args.seed)
-    tokenizer = make_tokenizer(rng)
+    if args.vocabulary:
+        with open(args.vocabulary, encoding="utf-8") as file:
+            tokenizer = make_word_tokenizer(file.read().split())
+    else:
+        tokenizer = make_tokenizer(rng)
     config = Qwen3Config(vocab_size=VOCAB, hidden_size=512, intermediate_size=1536, num_hidden_layers=6,
                          num_attention_heads=8, num_key_value_heads=4, head_dim=64, max_position_embeddings=4096,
                          tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,

