@@ -14,6 +14,7 @@ have (a typo, another service's setting) is an error that names it. Standard lib
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -22,6 +23,20 @@ PREFIX = "BEAR_"
 
 class ConfigFileError(ValueError):
     """A config file that cannot be used; the message names the file and the key."""
+
+
+def add_flags(parser: argparse.ArgumentParser, flags: Mapping[str, tuple[str, str]]) -> None:
+    """`--config FILE` and one option per flag (flag → (environment variable, help)), stored under the variable's
+    name (see `flag_values`)."""
+    parser.add_argument("--config", metavar="FILE", help="YAML file of settings (flags and environment override it)")
+    for flag, (name, text) in flags.items():
+        parser.add_argument(flag, dest=name, metavar=flag.removeprefix("--").replace("-", "_").upper(),
+                            help=f"{text}; {name}")
+
+
+def flag_values(args: argparse.Namespace, flags: Mapping[str, tuple[str, str]]) -> dict[str, object]:
+    """Environment variable → the value its flag was given (None: not given), for `layered_environ`."""
+    return {name: getattr(args, name, None) for name, _ in flags.values()}
 
 
 def layered_environ(environ: Mapping[str, str], config_file: str | Path | None, flags: Mapping[str, object],

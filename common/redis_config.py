@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     import redis
     import redis.asyncio
 
+ENVIRONMENT = ("BEAR_REDIS_URL", "BEAR_REDIS_PASSWORD", "BEAR_REDIS_TLS", "BEAR_REDIS_TLS_CA_FILE",
+               "BEAR_REDIS_TLS_CERT_FILE", "BEAR_REDIS_TLS_KEY_FILE", "BEAR_REDIS_TIMEOUT_S", "BEAR_REDIS_EMBEDDED_PATH")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 

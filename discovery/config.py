@@ -18,6 +18,9 @@ MODES = ("static", "kubernetes")
 SERVICE_ACCOUNT_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
+ENVIRONMENT = ("BEAR_DISCOVERY", "BEAR_NAMESPACE", "BEAR_POOLS_FILE", "BEAR_DISCOVERY_WATCH_TIMEOUT_S",
+               "BEAR_DISCOVERY_BACKOFF_CAP_S")
+
 @dataclass(frozen=True, slots=True)
 class DiscoveryConfig:
     mode: str = "static"

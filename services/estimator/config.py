@@ -30,14 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bear.common.config_sources import env_float, env_int, env_optional_port, layered_environ
+from bear.common.redis_config import ENVIRONMENT as REDIS_ENVIRONMENT
 from bear.common.redis_config import RedisConfig
+from bear.discovery.config import ENVIRONMENT as DISCOVERY_ENVIRONMENT
 from bear.discovery.config import DiscoveryConfig
 
-REDIS_ENVIRONMENT = ("BEAR_REDIS_URL", "BEAR_REDIS_PASSWORD", "BEAR_REDIS_TLS", "BEAR_REDIS_TLS_CA_FILE",
-                     "BEAR_REDIS_TLS_CERT_FILE", "BEAR_REDIS_TLS_KEY_FILE", "BEAR_REDIS_TIMEOUT_S",
-                     "BEAR_REDIS_EMBEDDED_PATH")
-DISCOVERY_ENVIRONMENT = ("BEAR_DISCOVERY", "BEAR_NAMESPACE", "BEAR_POOLS_FILE", "BEAR_DISCOVERY_WATCH_TIMEOUT_S",
-                         "BEAR_DISCOVERY_BACKOFF_CAP_S")
 ENVIRONMENT = (
     "BEAR_ESTIMATOR_HOST", "BEAR_ESTIMATOR_GRPC_PORT", "BEAR_ESTIMATOR_METRICS_PORT", "BEAR_MAX_SNAPSHOT_AGE_S",
     "BEAR_PREDICTOR_MODEL_DIR", "BEAR_PREDICTOR_ADDRESS", "BEAR_ESTIMATOR_PREDICTOR_TIMEOUT_MS",

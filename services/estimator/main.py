@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from bear.common.config_sources import add_flags, flag_values
 from bear.estimator.config import FLAGS, EstimatorConfig, load
 
 if TYPE_CHECKING:
@@ -24,10 +25,7 @@ logger = logging.getLogger("bear.estimator")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="FILE", help="YAML file of settings (flags and environment override it)")
-    for flag, (name, text) in FLAGS.items():
-        parser.add_argument(flag, dest=name, metavar=flag.removeprefix("--").replace("-", "_").upper(),
-                            help=f"{text}; {name}")
+    add_flags(parser, FLAGS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = load({name: getattr(args, name, None) for name, _ in FLAGS.values()}, args.config)
+        config = load(flag_values(args, FLAGS), args.config)
     except ValueError as error:
         print(f"bear serve estimator: {error}", file=sys.stderr)
         return 2

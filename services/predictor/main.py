@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bear.common.config_sources import add_flags, flag_values
 from bear.predictor.config import FLAGS, PredictorServiceConfig, load
 
 if TYPE_CHECKING:
@@ -22,10 +23,7 @@ logger = logging.getLogger("bear.predictor")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="FILE", help="YAML file of settings (flags and environment override it)")
-    for flag, (name, text) in FLAGS.items():
-        parser.add_argument(flag, dest=name, metavar=flag.removeprefix("--").replace("-", "_").upper(),
-                            help=f"{text}; {name}")
+    add_flags(parser, FLAGS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = load({name: getattr(args, name, None) for name, _ in FLAGS.values()}, args.config)
+        config = load(flag_values(args, FLAGS), args.config)
         service = PredictorService(config)
     except (ValueError, ArtifactError, OSError) as error:
         print(f"bear serve predictor: {error}", file=sys.stderr)

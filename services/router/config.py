@@ -44,15 +44,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bear.common.config_sources import env_float, env_int, env_optional_port, layered_environ
+from bear.common.redis_config import ENVIRONMENT as REDIS_ENVIRONMENT
 from bear.common.redis_config import RedisConfig
+from bear.discovery.config import ENVIRONMENT as DISCOVERY_ENVIRONMENT
 from bear.discovery.config import DiscoveryConfig
 
 TOKENIZERS = ("qwen", "pretokens")
-REDIS_ENVIRONMENT = ("BEAR_REDIS_URL", "BEAR_REDIS_PASSWORD", "BEAR_REDIS_TLS", "BEAR_REDIS_TLS_CA_FILE",
-                     "BEAR_REDIS_TLS_CERT_FILE", "BEAR_REDIS_TLS_KEY_FILE", "BEAR_REDIS_TIMEOUT_S",
-                     "BEAR_REDIS_EMBEDDED_PATH")
-DISCOVERY_ENVIRONMENT = ("BEAR_DISCOVERY", "BEAR_NAMESPACE", "BEAR_POOLS_FILE", "BEAR_DISCOVERY_WATCH_TIMEOUT_S",
-                         "BEAR_DISCOVERY_BACKOFF_CAP_S")
 ENVIRONMENT = (
     "BEAR_ROUTER_HOST", "BEAR_ROUTER_GRPC_PORT", "BEAR_ROUTER_METRICS_PORT", "BEAR_ESTIMATOR_ADDRESS",
     "BEAR_PREDICTOR_ADDRESS", "BEAR_DEFAULT_POLICY", "BEAR_FALLBACK_POLICY", "BEAR_ROUTER_POLICY_PARAMS",

@@ -28,23 +28,23 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("bear.router")
 
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from bear.common.config_sources import add_flags
     from bear.router.config import FLAGS
 
-    parser.add_argument("--config", metavar="FILE", help="YAML file of settings (flags and environment override it)")
-    for flag, (name, text) in FLAGS.items():
-        parser.add_argument(flag, dest=name, metavar=flag.removeprefix("--").replace("-", "_").upper(),
-                            help=f"{text}; {name}")
+    add_flags(parser, FLAGS)
 
 
 def run(args: argparse.Namespace) -> int:
     from bear.discovery.pools import PoolsFileError
+    from bear.common.config_sources import flag_values
     from bear.router.config import FLAGS, load
     from bear.common.service import run_event_loop
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = load({name: getattr(args, name, None) for name, _ in FLAGS.values()}, args.config)
+        config = load(flag_values(args, FLAGS), args.config)
         run_event_loop(serve(config))
     except (ValueError, PoolsFileError) as error:
         print(f"bear serve router: {error}", file=sys.stderr)

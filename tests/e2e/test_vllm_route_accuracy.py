@@ -14,10 +14,7 @@ the snapshot the estimator had, and errors far below what an estimate blind to t
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-
-import pytest
 
 from tests.vllm_accuracy import AccuracySettings, run, table
 from tests.vllm_accuracy_diagnosis import summary_lines, table_lines
@@ -26,16 +23,6 @@ TARGET_CLIENT_MAPE_PCT, TARGET_CLIENT_MEDIAN_PCT = 15.0, 7.0  # the issue's targ
 MAX_CLIENT_MEDIAN_PCT = 50.0  # asserted: a sanity bound the loaded machine keeps
 MIN_REPLAY_SHARE = 0.9  # the rest: estimator deadlines missed in a stall (degraded, still routed)
 MIN_EXACT_BATCH_SHARE = 0.5
-
-
-@pytest.fixture(scope="module")
-def vllm_python() -> str:
-    python = os.environ.get("BEAR_VLLM_PYTHON")
-    if not python:
-        pytest.skip("BEAR_VLLM_PYTHON is not set (make test sets it to the vLLM virtualenv's python)")
-    if not Path(python).exists():
-        pytest.fail(f"BEAR_VLLM_PYTHON={python} does not exist: run `make setup`")
-    return python
 
 
 def test_predicted_ttft_matches_what_clients_measure(vllm_python: str, tmp_path: Path) -> None:

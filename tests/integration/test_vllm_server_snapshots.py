@@ -10,14 +10,12 @@ polling of its worker would starve them on core 0.
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import redis
@@ -30,16 +28,6 @@ from tests.vllm_server import EngineSettings, Sidecar, VllmServer, make_tiny_mod
 MODEL = "tiny-qwen3"
 MAX_NUM_SEQS, MAX_MODEL_LEN, BUDGET = 16, 2048, 512
 INSTANCE = "tiny-0"
-
-
-@pytest.fixture(scope="module")
-def vllm_python() -> str:
-    python = os.environ.get("BEAR_VLLM_PYTHON")
-    if not python:
-        pytest.skip("BEAR_VLLM_PYTHON is not set (make test sets it to the vLLM virtualenv's python)")
-    if not Path(python).exists():
-        pytest.fail(f"BEAR_VLLM_PYTHON={python} does not exist: run `make setup`")
-    return python
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ vLLM virtualenv's Python (BEAR_VLLM_PYTHON, set by `make test`; skipped without 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -14,16 +13,6 @@ import pytest
 
 DRIVER = Path(__file__).with_name("vllm_plugin_driver.py")
 MAX_MEDIAN_US = 250  # a regression guard on a loaded 2-core CI machine; the target (50 us) is measured by the bench
-
-
-@pytest.fixture(scope="module")
-def vllm_python() -> str:
-    python = os.environ.get("BEAR_VLLM_PYTHON")
-    if not python:
-        pytest.skip("BEAR_VLLM_PYTHON is not set (make test sets it to the vLLM virtualenv's python)")
-    if not Path(python).exists():
-        pytest.fail(f"BEAR_VLLM_PYTHON={python} does not exist: run `make setup`")
-    return python
 
 
 def run_driver(python: str, tmp_path: Path, *args: str) -> dict[str, Any]:
