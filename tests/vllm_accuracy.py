@@ -66,6 +66,7 @@ class AccuracySettings:
     min_max_tokens: int = 8  # max_tokens: uniform in [min, max]
     max_max_tokens: int = 128
     ttft_slo_ms: float = 600_000.0  # every estimate feasible: the policy routes, never sheds
+    ttft_feedback_window: int = 64  # the router learns the API server's time (services/router/README.md)
     engine: EngineSettings = EngineSettings(served_model_name=SERVED_MODEL, max_num_seqs=16, max_model_len=2048,
                                             max_num_batched_tokens=512)
 
@@ -230,7 +231,8 @@ def running_stack(vllm_python: str, work: Path, settings: AccuracySettings,
         sidecar.start()
         exits.callback(sidecar.kill)
         environ = {k: v for k, v in os.environ.items() if not k.startswith(("BEAR_", "OTEL_"))}
-        environ.update(OTEL_SDK_DISABLED="true", BEAR_ROUTER_TOKENIZER="pretokens")
+        environ.update(OTEL_SDK_DISABLED="true", BEAR_ROUTER_TOKENIZER="pretokens",
+                       BEAR_ROUTER_TTFT_FEEDBACK_WINDOW=str(settings.ttft_feedback_window))
         common = ["--host=127.0.0.1", "--grpc-port=0", "--metrics-port=off"]
         services = {}
         for name, flags in (("predictor", [f"--model-dir={artifact}"]),

@@ -27,7 +27,7 @@ without BEAR_, in lower case, e.g. `default_policy: bear`):
     BEAR_ROUTER_FORGET_AFTER_S         a registration gone from Redis is still routed to this long (default 15)
     BEAR_ROUTER_FALLBACK_SNAPSHOT_AGE_S snapshots older than this give the fallback no queue lengths (default 10)
     BEAR_ROUTER_TTFT_FEEDBACK_WINDOW   outcomes per instance whose median observed − estimated TTFT is added to the
-                                       estimator's TTFTs (default 64; 0: off; see bear.routing.observations)
+                                       estimator's TTFTs (default 0: off; 64 is a good window; see the router's README)
     BEAR_SHUTDOWN_GRACE_S              calls in flight may finish this long after SIGTERM (default 5)
 
 plus Redis (`bear.common.redis_config`: BEAR_REDIS_URL, ...) and discovery (`bear.discovery.config`:
@@ -96,7 +96,7 @@ class RouterConfig:
     refresh_interval_s: float = 1.0
     forget_after_s: float = 15.0
     fallback_snapshot_max_age_s: float = 10.0
-    ttft_feedback_window: int = 64
+    ttft_feedback_window: int = 0
     shutdown_grace_s: float = 5.0
     redis: RedisConfig = field(default_factory=RedisConfig)
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)

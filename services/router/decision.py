@@ -59,6 +59,7 @@ class DispatchRecord:
     predicted_ttft_ms: float  # 0: no estimate; includes ttft_offset_ms
     ttft_slo_ms: float
     ttft_offset_ms: float = 0.0  # the instance's learnt offset, added to the estimator's TTFT
+    ttft_exact: bool = False  # the replay's own TTFT (not a lower bound at the horizon, not LPS): teaches the offset
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,7 +78,7 @@ class RouterSettings:
     default_output_tokens: float
     limits: Limits
     fallback_snapshot_max_age_s: float
-    ttft_feedback_window: int = RESIDUAL_WINDOW  # 0: estimates are used as the estimator gives them
+    ttft_feedback_window: int = 0  # 0: estimates are used as the estimator gives them
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,9 +272,10 @@ class Router:
         known = ttft is not None and math.isfinite(ttft)
         predicted_ttft_ms = ttft * 1000 if known else 0.0
         offset_ms = estimate.ttft_offset_ms if known and estimate is not None else 0.0
+        exact = known and estimate is not None and estimate.method == "replay" and not estimate.lower_bound
         record = DispatchRecord(query.request_id, chosen.instance_id, chosen.model, self._clock(),
                                 chosen.prompt_tokens, chosen.output_tokens, predicted_ttft_ms, query.ttft_slo_ms,
-                                offset_ms)
+                                offset_ms, exact)
         self._recent.add(record)
         self._recorder.submit(record)
 
@@ -302,7 +303,7 @@ class Router:
             if record is None:
                 return False, 0.0
             estimated_ttft_s = ((record.predicted_ttft_ms - record.ttft_offset_ms) / 1000
-                                if record.predicted_ttft_ms > 0 and outcome.observed_ttft_ms > 0 else None)
+                                if record.ttft_exact and outcome.observed_ttft_ms > 0 else None)
             self._observations.of(record.instance_id).observe(
                 ttft_s=outcome.observed_ttft_ms / 1000, tpot_s=outcome.tpot_s,
                 completed_at_s=now_s if outcome.observed_e2e_ms > 0 else None, estimated_ttft_s=estimated_ttft_s)

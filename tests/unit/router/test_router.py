@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -224,7 +225,7 @@ def test_the_dispatch_is_recorded_with_the_chosen_candidates_predictions() -> No
                                        "Qwen3-32B": prediction("Qwen3-32B", 0.1)},
                           estimates={r.instance_id: estimate(r.instance_id, 150) for r in INSTANCES})
     route(harness, request_id="q9", slo_ms=400)
-    assert harness.store.records == [DispatchRecord("q9", "small-0", "Qwen3-0.6B", 1000.0, 12, 321, 150.0, 400)]
+    assert harness.store.records == [DispatchRecord("q9", "small-0", "Qwen3-0.6B", 1000.0, 12, 321, 150.0, 400, 0.0, True)]
 
 
 def test_redis_down_loses_the_record_but_not_the_decision() -> None:
@@ -301,6 +302,20 @@ def test_outcomes_teach_the_router_what_the_estimates_leave_out_at_each_instance
     assert candidate_of(other, "medium-0").predicted_ttft_ms == pytest.approx(100.0)  # per instance
     record = next(r for r in harness.store.records if r.request_id == "q8")
     assert (record.predicted_ttft_ms, record.ttft_offset_ms) == (pytest.approx(130.0), pytest.approx(30.0))
+
+
+def test_only_the_replays_own_estimates_teach_the_offset() -> None:
+    # A replay that stopped at its horizon gives a lower bound, LPS a closed form: what clients then see says
+    # nothing about what the replay leaves out.
+    bound = replace(estimate("large-0", 100), lower_bound=True)
+    for taught_by in (bound, estimate("large-0", 100, method="lps")):
+        harness = make_router(estimates={**{r.instance_id: estimate(r.instance_id, 100) for r in INSTANCES},
+                                         "large-0": taught_by})
+        for n in range(2 * MIN_RESIDUALS):
+            route(harness, request_id=f"w{n}", allowed_models=("Qwen3-32B",))
+            asyncio.run(harness.router.report_outcome(Outcome(f"w{n}", 900.0)))
+        assert not any(r.ttft_exact for r in harness.store.records)
+        assert candidate_of(route(harness, request_id="q"), "large-0").predicted_ttft_ms == pytest.approx(100.0)
 
 
 def test_the_offset_decides_feasibility_and_can_be_turned_off() -> None:

@@ -62,7 +62,7 @@ def test_predictions_by_model() -> None:
 
 
 def test_dispatch_records_round_trip_and_an_infinite_ttft_is_stored_as_none() -> None:
-    record = DispatchRecord("q", "i", "m", 1_700_000_000.5, 42, 123.0, 88.0, 500.0, 12.5)
+    record = DispatchRecord("q", "i", "m", 1_700_000_000.5, 42, 123.0, 88.0, 500.0, 12.5, True)
     assert wire.dispatch_from_bytes(wire.dispatch_to_bytes(record)) == record
     infinite = DispatchRecord("q", "i", "m", 1.0, 1, 1.0, math.inf, 1.0)
     assert wire.dispatch_from_bytes(wire.dispatch_to_bytes(infinite)).predicted_ttft_ms == 0.0
