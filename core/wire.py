@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from bear.core.batch_time import BatchFeatures, BatchTimeCoefficients, CalibrationFit
 from bear.core.state import EngineConfig, InstanceState, ResidentRequest
@@ -27,7 +28,22 @@ def engine_from_proto(message: snapshot_pb2.EngineConfig) -> EngineConfig:
     )
 
 
-def engine_to_proto(engine: EngineConfig) -> snapshot_pb2.EngineConfig:
+class EngineFields(Protocol):
+    """What `engine_to_proto` reads: an `EngineConfig`, or the engine settings a snapshot region records."""
+
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    block_size: int
+    num_gpu_blocks: int
+    enable_chunked_prefill: bool
+    long_prefill_token_threshold: int
+    max_model_len: int
+    scheduler_reserve_full_isl: bool
+    watermark: float
+    async_scheduling: bool
+
+
+def engine_to_proto(engine: EngineFields) -> snapshot_pb2.EngineConfig:
     return snapshot_pb2.EngineConfig(
         max_num_batched_tokens=engine.max_num_batched_tokens,
         max_num_seqs=engine.max_num_seqs,

@@ -20,7 +20,8 @@ from bear.snapshotter.calibration import OnlineCalibrator
 from bear.snapshotter.config import SnapshotterConfig
 from bear.snapshotter.reader import RegionReader, RegionSnapshot
 from bear.snapshotter.region import RegionError
-from bear.snapshotter.wire import engine_to_proto, snapshot_to_proto, step_to_proto
+from bear.core.wire import engine_to_proto
+from bear.snapshotter.wire import snapshot_to_proto, step_to_proto
 from bear.v1 import calibration_pb2, snapshot_pb2
 
 logger = logging.getLogger("bear.snapshotter")

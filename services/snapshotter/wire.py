@@ -7,24 +7,9 @@ vLLM's own counts unchanged.
 from __future__ import annotations
 
 from bear.core.batch_time import is_decode
+from bear.core.wire import engine_to_proto
 from bear.snapshotter.reader import RegionSnapshot, RequestRecord, StepEntryRecord, StepRecord
-from bear.snapshotter.region import EngineSettings
 from bear.v1 import calibration_pb2, snapshot_pb2
-
-
-def engine_to_proto(engine: EngineSettings) -> snapshot_pb2.EngineConfig:
-    return snapshot_pb2.EngineConfig(
-        max_num_batched_tokens=engine.max_num_batched_tokens,
-        max_num_seqs=engine.max_num_seqs,
-        block_size=engine.block_size,
-        num_gpu_blocks=engine.num_gpu_blocks,
-        enable_chunked_prefill=engine.enable_chunked_prefill,
-        long_prefill_token_threshold=engine.long_prefill_token_threshold,
-        max_model_len=engine.max_model_len,
-        scheduler_reserve_full_isl=engine.scheduler_reserve_full_isl,
-        watermark=engine.watermark,
-        async_scheduling=engine.async_scheduling,
-    )
 
 
 def request_to_proto(request: RequestRecord) -> snapshot_pb2.RequestState:
