@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import math
 import re
-import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -54,9 +51,9 @@ from tests.estimator_builders import (
     snapshot,
 )
 from tests.redis_server import RedisServer
+from tests.served import serving
 from tests.service_loop import LoopThread
 
-BEAR = shutil.which("bear") or str(Path(sys.executable).parent / "bear")
 DEFAULT_OUTPUT_TOKENS = 256.0
 MEDIUM = PAPER_POOL.names[1]
 
@@ -433,14 +430,8 @@ def test_bear_serve_estimator_answers_serves_metrics_and_stops_on_sigterm(redis_
     client.set("bear:instance:a", registration("a").SerializeToString())
     client.zadd("bear:instances", {"a": now})
     client.close()
-    process = subprocess.Popen([BEAR, "serve", "estimator", "--redis-url", redis_server.url, "--grpc-port", "0",
-                                "--metrics-port", "0", "--host", "127.0.0.1", "--max-snapshot-age-s", "60"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert process.stdout is not None
-        ready = re.fullmatch(r"grpc_port=(\d+) metrics_port=(\d+)\n", process.stdout.readline())
-        assert ready, process.stderr.read() if process.stderr else ""
-        grpc_port, metrics_port = ready.groups()
+    with serving("estimator", "--redis-url", redis_server.url, "--grpc-port", "0", "--metrics-port", "0", "--host",
+                 "127.0.0.1", "--max-snapshot-age-s", "60") as (process, grpc_port, metrics_port):
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
             stub = estimator_pb2_grpc.EstimatorStub(channel)
 
@@ -456,11 +447,4 @@ def test_bear_serve_estimator_answers_serves_metrics_and_stops_on_sigterm(redis_
         assert "bear_estimator_feed_subscribed 1.0" in scraped
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=15) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        for stream in (process.stdout, process.stderr):
-            if stream is not None:
-                stream.close()
 

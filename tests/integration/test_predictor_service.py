@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import math
 import re
-import shutil
 import signal
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,9 +26,9 @@ from bear.predictor.predictor import Predictor, load_predictor
 from bear.predictor.synthetic_corpus import generate
 from bear.predictor.training import TrainingConfig, train
 from bear.v1 import predictor_pb2, predictor_pb2_grpc
+from tests.served import BEAR, serving
 from tests.service_loop import LoopThread
 
-BEAR = shutil.which("bear") or str(Path(sys.executable).parent / "bear")
 SMALL, MEDIUM, LARGE = PAPER_POOL.names
 PROMPT = "Summarize the following report in about 200 words.\n\n" + "The audit reviews the grant program. " * 40
 
@@ -148,14 +146,8 @@ def test_health_and_reflection(channel: grpc.Channel) -> None:
 
 
 def test_bear_serve_predictor_serves_metrics_and_stops_on_sigterm(artifact_dir: Path) -> None:
-    process = subprocess.Popen([BEAR, "serve", "predictor", "--model-dir", str(artifact_dir), "--grpc-port", "0",
-                                "--metrics-port", "0", "--host", "127.0.0.1"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert process.stdout is not None
-        ready = re.fullmatch(r"grpc_port=(\d+) metrics_port=(\d+)\n", process.stdout.readline())
-        assert ready, process.stderr.read() if process.stderr else ""
-        grpc_port, metrics_port = ready.groups()
+    with serving("predictor", "--model-dir", str(artifact_dir), "--grpc-port", "0", "--metrics-port", "0", "--host",
+                 "127.0.0.1") as (process, grpc_port, metrics_port):
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
             reply = predictor_pb2_grpc.PredictorStub(channel).Predict(predictor_pb2.PredictRequest(prompt="hi"),
                                                                       timeout=10)
@@ -164,13 +156,6 @@ def test_bear_serve_predictor_serves_metrics_and_stops_on_sigterm(artifact_dir: 
         assert 'bear_predictor_request_seconds_count{method="Predict"} 1.0' in scraped
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=15) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        for stream in (process.stdout, process.stderr):
-            if stream is not None:
-                stream.close()
 
 
 def test_bear_serve_predictor_refuses_a_directory_that_is_no_artifact(tmp_path: Path) -> None:
