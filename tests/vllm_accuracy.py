@@ -88,6 +88,7 @@ class QueryMeasurement:
     max_tokens: int
     predicted_ttft_ms: float | None = None  # None: no estimate known
     ttft_method: str = ""
+    ttft_offset_ms: float = 0.0  # the router's learnt offset in predicted_ttft_ms (its dispatch record)
     snapshot_age_ms: float = 0.0
     route_started_s: float = 0.0  # Unix seconds
     sent_s: float = 0.0  # the HTTP request, right after Route answered
@@ -221,8 +222,9 @@ def running_stack(vllm_python: str, work: Path, settings: AccuracySettings,
         model_dir = make_tiny_model(vllm_python, work / "model", vocabulary=words)
         # A ring of 512 steps (not 128): the step log must see every step even when a loaded 2-core machine
         # keeps its reader away for a while, or the engine-side TTFTs are wrong.
+        # At the lowest CPU priority (tests/vllm_server.py): vLLM's busy polling must not starve BEAR's services.
         server = VllmServer(vllm_python, model_dir, work, metadata_path(work), settings.engine,
-                            extra_environ={"BEAR_SNAPSHOT_RING_STEPS": "512"})
+                            extra_environ={"BEAR_SNAPSHOT_RING_STEPS": "512"}, yield_cpu=True)
         server.launch()
         exits.callback(server.stop)
         artifact = predictor_dir()
@@ -360,6 +362,9 @@ def run(vllm_python: str, work: Path, settings: AccuracySettings, predictor_dir:
             dispatches = snapshots.dispatches([q.request_id for q in planned])
         finally:
             snapshots.close()
+        for result in results:
+            if result.request_id in dispatches:
+                result.ttft_offset_ms = dispatches[result.request_id].ttft_offset_ms
         facts = [QueryFacts(q.request_id, q.prompt_tokens, q.max_tokens) for q in planned]
         diagnoses = diagnose(facts, snapshots.received, dispatches, stack.step_log.steps)
         return Run(results, summarise(results, stack.step_log.num_missed_steps), diagnoses)
