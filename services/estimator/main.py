@@ -70,7 +70,7 @@ class EstimatorService:
                          redis_deadline_s=config.redis.timeout_s, forget_after_s=config.forget_after_s,
                          lps_window_s=config.lps_window_s),
             request_key=router_request_id, listed_instances=self._listed_instances, clock=clock)
-        self.servicer = EstimatorServicer(self.estimator, clock)
+        self.servicer = EstimatorServicer(self.estimator, clock, self.feed.record_dispatch)
 
     def settings(self, service_name: str = "bear-estimator") -> ServerSettings:
         from bear.common.service import ServerSettings

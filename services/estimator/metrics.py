@@ -3,6 +3,7 @@
     bear_estimator_estimate_seconds            histogram: time to answer one Estimate call
     bear_estimator_estimates_total{method}     counter: instance estimates by method (replay, lps, none)
     bear_estimator_errors_total{code}          counter: Estimate calls answered with an error status
+    bear_estimator_caller_dispatches_total     counter: dispatches first learnt from an Estimate call (before Redis)
     bear_estimator_snapshot_age_seconds{instance}  gauge: age of each instance's snapshot (now − taken or read at)
     bear_estimator_feed_*                      counters and gauges of the Redis feed and of the remaining lengths
 """
@@ -25,6 +26,8 @@ ESTIMATE_SECONDS = Histogram(
     buckets=(1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0))
 ESTIMATES = Counter("bear_estimator_estimates", "Instance estimates by method", ["method"])
 ERRORS = Counter("bear_estimator_errors", "Estimate calls answered with an error status", ["code"])
+DISPATCHES_FROM_CALLERS = Counter("bear_estimator_caller_dispatches",
+                                  "Dispatches first learnt from an Estimate call's recent_dispatches (before Redis)")
 
 
 class FeedCollector(Collector):

@@ -1,7 +1,8 @@
 """The gRPC face of the estimator (bear.v1.Estimator): thin, over `estimation.Estimator`.
 
 Estimate reads only the estimator's memory, which the snapshot feed keeps current on the same event loop: it never
-waits on Redis or the predictor. Bad input is INVALID_ARGUMENT with a message naming the field; an instance id the
+waits on Redis or the predictor. The dispatches a router sends along (`recent_dispatches`) are recorded first, through
+the feed, as if read from Redis. Bad input is INVALID_ARGUMENT with a message naming the field; an instance id the
 estimator does not know is answered, like one without a snapshot, with method NONE and the reason.
 """
 
@@ -9,22 +10,26 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import grpc
 
 from bear.estimator import metrics
 from bear.estimator.estimation import Estimator
 from bear.estimator.wire import InstanceFacts, InvalidRequest, estimate_call, instance_estimate
-from bear.v1 import estimator_pb2, estimator_pb2_grpc
+from bear.v1 import estimator_pb2, estimator_pb2_grpc, router_pb2
+
+RecordDispatch = Callable[[router_pb2.DispatchRecord], bool]  # SnapshotFeed.record_dispatch
 
 SERVICE_NAME = estimator_pb2.DESCRIPTOR.services_by_name["Estimator"].full_name
 
 
 class EstimatorServicer(estimator_pb2_grpc.EstimatorServicer):
-    def __init__(self, estimator: Estimator, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, estimator: Estimator, clock: Callable[[], float] = time.time,
+                 record_dispatch: RecordDispatch | None = None) -> None:
         self._estimator = estimator
         self._clock = clock
+        self._record_dispatch = record_dispatch
         self._query_numbers = itertools.count()
 
     async def Estimate(self, request: estimator_pb2.EstimateRequest,
@@ -35,6 +40,8 @@ class EstimatorServicer(estimator_pb2_grpc.EstimatorServicer):
         except InvalidRequest as error:
             metrics.ERRORS.labels(code="INVALID_ARGUMENT").inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        if request.recent_dispatches and self._record_dispatch is not None:
+            self._record_all(request.recent_dispatches)
         estimator = self._estimator
         ids = call.instance_ids or tuple(estimator.instance_ids())
         estimates = estimator.estimate(call.query, ids, self._clock(), call.horizon_s)
@@ -44,6 +51,12 @@ class EstimatorServicer(estimator_pb2_grpc.EstimatorServicer):
             metrics.ESTIMATES.labels(method=str(estimate.method)).inc()
         metrics.ESTIMATE_SECONDS.observe(time.perf_counter() - started)
         return reply
+
+    def _record_all(self, records: Iterable[router_pb2.DispatchRecord]) -> None:
+        assert self._record_dispatch is not None
+        recorded = sum(self._record_dispatch(record) for record in records)
+        if recorded:
+            metrics.DISPATCHES_FROM_CALLERS.inc(recorded)
 
     def _facts(self, instance_id: str) -> InstanceFacts:
         if not self._estimator.knows(instance_id):

@@ -15,7 +15,9 @@ Four loops share the loop with the Estimate calls, which only ever read the esti
   subscription missed); instances with neither for `forget_after_s` and not listed by discovery are forgotten. The
   LPS parameters are refreshed here too, so that the arrival rate of an instance gone quiet decays.
 - **dispatch poll**, every `dispatch_poll_interval_s`: the request ids routed to each instance since its snapshot
-  (`bear:dispatches:<id>`), and their records, which the replay adds as arrivals ahead of the query.
+  (`bear:dispatches:<id>`), and their records, which the replay adds as arrivals ahead of the query. A router also
+  sends its latest dispatches along with each Estimate call (`record_dispatch`), so that a query routed right after
+  another does not wait for the poll to see the first.
 
 Every Redis call has a deadline (`redis_deadline_s`); a failing Redis is retried with back-off while the estimator
 keeps answering from what it holds (snapshots then age into the LPS fallback).
@@ -340,6 +342,15 @@ class SnapshotFeed:
                 self._pending.pop(instance_id, None)
                 self._estimator.remove_instance(instance_id)
 
+    def record_dispatch(self, record: router_pb2.DispatchRecord) -> bool:
+        """Records a dispatch a router sent along with its Estimate call (the same record reaches Redis later and is
+        then skipped); False if it is unusable, already known, or to an instance the estimator does not know."""
+        if not record.instance_id or not self._estimator.knows(record.instance_id):
+            return False
+        if self._estimator.has_dispatch(record.instance_id, record.request_id):
+            return False
+        return self._adopt_dispatch(record, record.instance_id)
+
     def _record(self, payload: bytes, instance_id: str) -> bool:
         """Records a dispatch read from Redis; False if the record is unusable."""
         if not self._estimator.knows(instance_id):
@@ -348,6 +359,9 @@ class SnapshotFeed:
             record = router_pb2.DispatchRecord.FromString(payload)
         except Exception:  # noqa: BLE001 - google.protobuf.message.DecodeError: a foreign value under our key
             return False
+        return self._adopt_dispatch(record, instance_id)
+
+    def _adopt_dispatch(self, record: router_pb2.DispatchRecord, instance_id: str) -> bool:
         dispatch: Dispatch | None = dispatch_from_record(record, instance_id, self._estimator.model(instance_id))
         if dispatch is None or not self._estimator.knows(dispatch.instance_id):
             return False

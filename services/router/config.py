@@ -28,6 +28,8 @@ without BEAR_, in lower case, e.g. `default_policy: bear`):
     BEAR_ROUTER_FALLBACK_SNAPSHOT_AGE_S snapshots older than this give the fallback no queue lengths (default 10)
     BEAR_ROUTER_TTFT_FEEDBACK_WINDOW   outcomes per instance whose median observed − estimated TTFT is added to the
                                        estimator's TTFTs (default 0: off; 64 is a good window; see the router's README)
+    BEAR_ROUTER_RECENT_DISPATCHES_MS   this router's dispatches of the last this many ms (at most 32) go along with
+                                       each Estimate call, ahead of Redis (default 250; 0: off)
     BEAR_SHUTDOWN_GRACE_S              calls in flight may finish this long after SIGTERM (default 5)
 
 plus Redis (`bear.common.redis_config`: BEAR_REDIS_URL, ...) and discovery (`bear.discovery.config`:
@@ -57,7 +59,8 @@ ENVIRONMENT = (
     "BEAR_LAMBDA_PER_MICRO_USD", "BEAR_ROUTER_HORIZON_FACTOR", "BEAR_ROUTER_MAX_TTFT_SLO_MS",
     "BEAR_ROUTER_MAX_PROMPT_BYTES", "BEAR_ROUTER_MAX_PROMPT_TOKENS", "BEAR_ROUTER_DEFAULT_OUTPUT_TOKENS",
     "BEAR_ROUTER_TOKENIZER", "BEAR_ROUTER_REFRESH_S", "BEAR_ROUTER_FORGET_AFTER_S",
-    "BEAR_ROUTER_FALLBACK_SNAPSHOT_AGE_S", "BEAR_ROUTER_TTFT_FEEDBACK_WINDOW", "BEAR_SHUTDOWN_GRACE_S",
+    "BEAR_ROUTER_FALLBACK_SNAPSHOT_AGE_S", "BEAR_ROUTER_TTFT_FEEDBACK_WINDOW",
+    "BEAR_ROUTER_RECENT_DISPATCHES_MS", "BEAR_SHUTDOWN_GRACE_S",
     *REDIS_ENVIRONMENT, *DISCOVERY_ENVIRONMENT,
 )
 FLAGS = {  # flag → (environment variable, help)
@@ -97,6 +100,7 @@ class RouterConfig:
     forget_after_s: float = 15.0
     fallback_snapshot_max_age_s: float = 10.0
     ttft_feedback_window: int = 0
+    recent_dispatches_s: float = 0.25
     shutdown_grace_s: float = 5.0
     redis: RedisConfig = field(default_factory=RedisConfig)
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
@@ -126,6 +130,8 @@ class RouterConfig:
         _require(self.shutdown_grace_s >= 0, "BEAR_SHUTDOWN_GRACE_S must be >= 0")
         _require(0 <= self.ttft_feedback_window <= 100_000,
                  f"BEAR_ROUTER_TTFT_FEEDBACK_WINDOW must be in [0, 100000], got {self.ttft_feedback_window!r}")
+        _require(math.isfinite(self.recent_dispatches_s) and 0 <= self.recent_dispatches_s <= 60,
+                 f"BEAR_ROUTER_RECENT_DISPATCHES_MS must be in [0, 60000], got {1000 * self.recent_dispatches_s!r}")
 
     @staticmethod
     def from_environ(environ: Mapping[str, str]) -> RouterConfig:
@@ -154,6 +160,7 @@ class RouterConfig:
             fallback_snapshot_max_age_s=env_float(environ, "BEAR_ROUTER_FALLBACK_SNAPSHOT_AGE_S",
                                                   d.fallback_snapshot_max_age_s),
             ttft_feedback_window=env_int(environ, "BEAR_ROUTER_TTFT_FEEDBACK_WINDOW", d.ttft_feedback_window),
+            recent_dispatches_s=_ms(environ, "BEAR_ROUTER_RECENT_DISPATCHES_MS", d.recent_dispatches_s),
             shutdown_grace_s=env_float(environ, "BEAR_SHUTDOWN_GRACE_S", d.shutdown_grace_s),
             redis=RedisConfig.from_environ(environ),
             discovery=DiscoveryConfig.from_environ(environ),

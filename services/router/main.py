@@ -104,7 +104,8 @@ async def build(config: RouterConfig, registry: CollectorRegistry | None = None,
     settings = RouterSettings(config.default_policy, config.lambda_per_micro_usd, config.horizon_factor,
                               config.default_output_tokens,
                               Limits(config.max_ttft_slo_ms, config.max_prompt_bytes, config.max_prompt_tokens),
-                              config.fallback_snapshot_max_age_s, config.ttft_feedback_window)
+                              config.fallback_snapshot_max_age_s, config.ttft_feedback_window,
+                              config.recent_dispatches_s)
     router = Router(settings, InstancePool(discovery.instances, discovery.pools, config.forget_after_s),
                     upstream.GrpcPredictor(predictor_channel, config.predictor_timeout_s),
                     upstream.GrpcEstimator(estimator_channel, config.estimator_timeout_s),

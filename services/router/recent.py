@@ -1,5 +1,6 @@
 """The dispatches this router made recently, by request id, so that ReportOutcome finds its decision without Redis
-(a report that reaches another replica, or comes after a restart, is looked up in Redis instead)."""
+(a report that reaches another replica, or comes after a restart, is looked up in Redis instead), and so that the
+latest of them go along with the next Estimate calls (`latest`)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,16 @@ class RecentDispatches:
     def get(self, request_id: str, now_s: float) -> DispatchRecord | None:
         self._expire(now_s)
         return self._records.get(request_id)
+
+    def latest(self, since_s: float, limit: int) -> list[DispatchRecord]:
+        """The dispatches made at `since_s` or later, at most `limit` (the newest), oldest first."""
+        found: list[DispatchRecord] = []
+        for record in reversed(self._records.values()):
+            if record.dispatched_at_s < since_s or len(found) >= limit:
+                break
+            found.append(record)
+        found.reverse()
+        return found
 
     def _expire(self, now_s: float) -> None:
         records = self._records

@@ -40,11 +40,12 @@ from bear.router.signals import (
 )
 from bear.router.telemetry import Telemetry, record_decision
 from bear.routing.contract import Candidate, Choice, Decision, Policy, RouteRequest
-from bear.routing.observations import OBSERVATION_WINDOW, RESIDUAL_WINDOW, THROUGHPUT_WINDOW_S
+from bear.routing.observations import OBSERVATION_WINDOW, THROUGHPUT_WINDOW_S
 from bear.routing.registry import build_policy
 
 logger = logging.getLogger("bear.router")
 LONG_PROMPT_CHARS = 20_000  # longer prompts are tokenised off the event loop
+MAX_RECENT_DISPATCHES = 32  # at most this many of the router's latest dispatches go along with an Estimate call
 
 
 class Predictions(Protocol):
@@ -53,7 +54,8 @@ class Predictions(Protocol):
 
 class Estimates(Protocol):
     async def estimate(self, query_id: str, prompt_tokens: int, output_tokens: float, instance_ids: Sequence[str],
-                       horizon_ms: float) -> Mapping[str, InstanceEstimate]: ...
+                       horizon_ms: float, recent: Sequence[DispatchRecord] = ()) -> Mapping[str, InstanceEstimate]:
+        """`recent`: this router's latest dispatches, for the estimator to count before Redis tells it."""
 
 
 class Store(Protocol):
@@ -79,6 +81,7 @@ class RouterSettings:
     limits: Limits
     fallback_snapshot_max_age_s: float
     ttft_feedback_window: int = 0  # 0: estimates are used as the estimator gives them
+    recent_dispatches_s: float = 0.0  # dispatches this young go along with Estimate calls (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +206,7 @@ class Router:
             try:
                 estimates = await self._estimator.estimate(query.request_id, prompt_tokens,
                                                            self._settings.default_output_tokens, instance_ids,
-                                                           horizon_ms)
+                                                           horizon_ms, self._latest_dispatches())
             except DependencyUnavailable as error:
                 self._metrics.dependency_errors.labels("estimator", error.code).inc()
                 span.set_attribute("bear.error", str(error))
@@ -214,6 +217,14 @@ class Router:
                 self._metrics.set_snapshot_age(instance_id, estimate.snapshot_age_ms / 1000)
             corrected[instance_id] = estimate.with_offset(self._observations.of(instance_id).ttft_offset_s * 1000)
         return corrected, None
+
+    def _latest_dispatches(self) -> list[DispatchRecord]:
+        """This router's dispatches of the last `recent_dispatches_s`: the estimator reads every router's from Redis,
+        but only tens of milliseconds later, and a query routed meanwhile must count them ahead of it."""
+        window_s = self._settings.recent_dispatches_s
+        if window_s <= 0:
+            return []
+        return self._recent.latest(self._clock() - window_s, MAX_RECENT_DISPATCHES)
 
     def _covered(self, instances: tuple[InstanceInfo, ...], predictions: Mapping[str, ModelPrediction] | None,
                  error: DependencyUnavailable | None) -> tuple[tuple[InstanceInfo, ...],

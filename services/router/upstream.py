@@ -9,6 +9,7 @@ import grpc
 
 from bear.common.service import client_interceptors
 from bear.router import wire
+from bear.router.decision import DispatchRecord
 from bear.router.signals import DependencyUnavailable, InstanceEstimate, ModelPrediction
 from bear.v1 import estimator_pb2_grpc, predictor_pb2_grpc
 
@@ -47,8 +48,9 @@ class GrpcEstimator:
         self._timeout_s = timeout_s
 
     async def estimate(self, query_id: str, prompt_tokens: int, output_tokens: float, instance_ids: Sequence[str],
-                       horizon_ms: float) -> dict[str, InstanceEstimate]:
-        request = wire.estimate_request(query_id, prompt_tokens, output_tokens, list(instance_ids), horizon_ms)
+                       horizon_ms: float, recent: Sequence[DispatchRecord] = ()) -> dict[str, InstanceEstimate]:
+        request = wire.estimate_request(query_id, prompt_tokens, output_tokens, list(instance_ids), horizon_ms,
+                                        recent)
         try:
             reply = await self._stub.Estimate(request, timeout=self._timeout_s)
         except grpc.aio.AioRpcError as error:

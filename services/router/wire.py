@@ -4,6 +4,7 @@ what Redis holds (registrations, snapshots, dispatch records)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from bear.router.decision import DispatchRecord, Outcome, RouteResult
 from bear.router.pool import Registration
@@ -78,10 +79,11 @@ def predictions_from_proto(reply: predictor_pb2.PredictResponse) -> dict[str, Mo
 
 
 def estimate_request(query_id: str, prompt_tokens: int, output_tokens: float, instance_ids: list[str],
-                     horizon_ms: float) -> estimator_pb2.EstimateRequest:
+                     horizon_ms: float, recent: Sequence[DispatchRecord] = ()) -> estimator_pb2.EstimateRequest:
     return estimator_pb2.EstimateRequest(query_id=query_id, prompt_tokens=prompt_tokens,
                                          predicted_output_tokens=output_tokens, instance_ids=instance_ids,
-                                         horizon_ms=horizon_ms)
+                                         horizon_ms=horizon_ms,
+                                         recent_dispatches=[dispatch_to_proto(r) for r in recent])
 
 
 def estimates_from_proto(reply: estimator_pb2.EstimateResponse) -> dict[str, InstanceEstimate]:
@@ -117,13 +119,17 @@ def queue_lengths_from_bytes(payload: bytes, now_s: float) -> QueueLengths:
 
 
 def dispatch_to_bytes(record: DispatchRecord) -> bytes:
+    return dispatch_to_proto(record).SerializeToString()
+
+
+def dispatch_to_proto(record: DispatchRecord) -> router_pb2.DispatchRecord:
     return router_pb2.DispatchRecord(
         request_id=record.request_id, instance_id=record.instance_id, model=record.model,
         dispatched_at_s=record.dispatched_at_s, prompt_tokens=record.prompt_tokens,
         predicted_output_tokens=record.predicted_output_tokens,
         predicted_ttft_ms=record.predicted_ttft_ms if math.isfinite(record.predicted_ttft_ms) else 0.0,
         ttft_slo_ms=record.ttft_slo_ms, ttft_offset_ms=record.ttft_offset_ms,
-        ttft_exact=record.ttft_exact).SerializeToString()
+        ttft_exact=record.ttft_exact)
 
 
 def dispatch_from_bytes(payload: bytes) -> DispatchRecord:

@@ -37,7 +37,7 @@ from bear.predictor.synthetic_corpus import generate
 from bear.predictor.training import TrainingConfig, train
 from bear.snapshotter.backoff import Backoff
 from bear.snapshotter.publisher import RedisPublisher
-from bear.v1 import estimator_pb2, estimator_pb2_grpc, snapshot_pb2
+from bear.v1 import estimator_pb2, estimator_pb2_grpc, router_pb2, snapshot_pb2
 from tests.estimator_builders import (
     PREFILL_TOKENS_PER_S,
     FakeClock,
@@ -76,10 +76,11 @@ class RunningEstimator:
         self.service = self.started.service
 
     def estimate(self, prompt_tokens: int = 1000, output_tokens: float = 50.0, ids: tuple[str, ...] = (),
-                 horizon_ms: float = 0.0) -> dict[str, estimator_pb2.InstanceEstimate]:
+                 horizon_ms: float = 0.0, recent: tuple[router_pb2.DispatchRecord, ...] = ()
+                 ) -> dict[str, estimator_pb2.InstanceEstimate]:
         reply = self.stub.Estimate(estimator_pb2.EstimateRequest(
             query_id="q", prompt_tokens=prompt_tokens, predicted_output_tokens=output_tokens, instance_ids=ids,
-            horizon_ms=horizon_ms), timeout=5)
+            horizon_ms=horizon_ms, recent_dispatches=recent), timeout=5)
         return {e.instance_id: e for e in reply.estimates}
 
     def adopted(self, instance_id: str, taken_at_s: float) -> bool:
@@ -237,6 +238,27 @@ def test_estimates_are_the_reference_replay_of_each_instance(estimator: RunningE
                                                       for r in (*state.running, *state.waiting))
             assert reply.prefill_tps_ttft_ms == pytest.approx(
                 1000 * prefill_throughput_ttft_s(state, query, message.batch_time.prefill_tokens_per_s))
+
+
+def test_dispatches_sent_along_count_before_redis_has_them(estimator: RunningEstimator, publishers: Publishers,
+                                                           clock: FakeClock) -> None:
+    now = clock()
+    message = snapshot("a", now - 0.02, [decoding("ra1", 300, 5)])
+    publishers.publish(message)
+    wait_until(lambda: estimator.adopted("a", message.taken_at_s))
+    alone = estimator.estimate(200, 50.0, ("a",))["a"]
+    ahead = dispatch_record("just-routed", "a", now - 0.01, 1500, 30.0)  # routed after the snapshot, not in Redis
+    elsewhere = dispatch_record("to-nowhere", "unknown", now - 0.01, 1500, 30.0)  # ignored: an unknown instance
+    broken = dispatch_record("", "a", now - 0.01, 1500, 30.0)  # ignored: no request id
+    with_it = estimator.estimate(200, 50.0, ("a",), recent=(ahead, elsewhere, broken))["a"]
+    query = Query("q", 200, 50)
+    arrival = Arrival(ahead.dispatched_at_s - message.taken_at_s, ResidentRequest("just-routed", 1500, 0, 0, 30))
+    result, _ = expected_replay(message, {}, query, now, (arrival,))
+    assert with_it.ttft_ms == pytest.approx(result.ttft_s * 1000, rel=1e-9)
+    assert with_it.ttft_ms > alone.ttft_ms + 10
+    assert estimator.estimate(200, 50.0, ("a",))["a"].ttft_ms == with_it.ttft_ms  # recorded, as if read from Redis
+    assert estimator.service.feed.stats.dispatches_recorded == 1
+    assert publishers.client.exists("bear:dispatch:just-routed") == 0
 
 
 def test_a_horizon_makes_a_lower_bound(estimator: RunningEstimator, publishers: Publishers, clock: FakeClock) -> None:

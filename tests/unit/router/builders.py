@@ -61,10 +61,12 @@ class FakeEstimates:
     estimates: dict[str, InstanceEstimate] = field(default_factory=dict)
     error: DependencyUnavailable | None = None
     calls: list[tuple[str, int, tuple[str, ...], float]] = field(default_factory=list)
+    recent: list[tuple[str, ...]] = field(default_factory=list)  # per call: the request ids sent along
 
     async def estimate(self, query_id: str, prompt_tokens: int, output_tokens: float, instance_ids: Sequence[str],
-                       horizon_ms: float) -> Mapping[str, InstanceEstimate]:
+                       horizon_ms: float, recent: Sequence[DispatchRecord] = ()) -> Mapping[str, InstanceEstimate]:
         self.calls.append((query_id, prompt_tokens, tuple(instance_ids), horizon_ms))
+        self.recent.append(tuple(r.request_id for r in recent))
         if self.error is not None:
             raise self.error
         return {i: e for i, e in self.estimates.items() if i in instance_ids}
@@ -117,7 +119,8 @@ class Harness:
 def make_router(*, instances: Sequence[Registration] = INSTANCES,
                 predictions: Mapping[str, ModelPrediction] | None = None,
                 estimates: Mapping[str, InstanceEstimate] | None = None, default_policy: str = "bear",
-                fallback: str = "shortest-queue", clock_s: float = 1000.0, ttft_feedback_window: int = 64) -> Harness:
+                fallback: str = "shortest-queue", clock_s: float = 1000.0, ttft_feedback_window: int = 64,
+                recent_dispatches_s: float = 0.25) -> Harness:
     if predictions is None:
         predictions = {"Qwen3-0.6B": prediction("Qwen3-0.6B", 0.5), "Qwen3-8B": prediction("Qwen3-8B", 0.7),
                        "Qwen3-32B": prediction("Qwen3-32B", 0.9)}
@@ -130,7 +133,8 @@ def make_router(*, instances: Sequence[Registration] = INSTANCES,
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     registry = CollectorRegistry()
     clock = [clock_s]
-    settings = RouterSettings(default_policy, 5e-4, 4.0, 256.0, LIMITS, 10.0, ttft_feedback_window)
+    settings = RouterSettings(default_policy, 5e-4, 4.0, 256.0, LIMITS, 10.0, ttft_feedback_window,
+                              recent_dispatches_s)
     policies = {name: build_policy(name) for name in policy_names()}
     router = Router(settings, InstancePool(lambda: {}), predictor, estimator, store, policies,
                     build_policy(fallback), Telemetry(provider.get_tracer("test"), RouterMetrics(registry)),

@@ -76,6 +76,24 @@ def test_the_estimator_gets_the_routers_token_count_the_instances_and_a_horizon(
     assert harness.predictor.prompts == ["one two three four"]
 
 
+def test_the_routers_latest_dispatches_go_along_with_the_next_estimate_calls() -> None:
+    # The estimator hears of dispatches through Redis only tens of milliseconds later; meanwhile the router tells it.
+    harness = make_router(recent_dispatches_s=0.25)
+    route(harness, request_id="a")
+    harness.clock[0] += 0.1
+    route(harness, request_id="b")
+    harness.clock[0] += 0.2
+    route(harness, request_id="c")  # "a" is 0.3 s old by now
+    assert harness.estimator.recent == [(), ("a",), ("b",)]
+    for n in range(40):
+        route(harness, request_id=f"n{n}")
+    assert harness.estimator.recent[-1] == tuple(f"n{n}" for n in range(7, 39))  # at most 32, the newest, in order
+    off = make_router(recent_dispatches_s=0.0)
+    route(off, request_id="a")
+    route(off, request_id="b")
+    assert off.estimator.recent == [(), ()]
+
+
 def test_a_length_only_query_skips_the_predictor_and_compares_cost() -> None:
     harness = make_router()
     result = route(harness, None, prompt_tokens=500, policy="latency-agnostic")
