@@ -16,9 +16,10 @@ adopting a snapshot never waits on the predictor. An instance id the estimator d
 
 from __future__ import annotations
 
+import bisect
 import enum
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -76,6 +77,44 @@ class TtftEstimate:
     prefill_tps_ttft_s: float | None = None  # eq. 8 on the same snapshot, for the prefill-throughput ablation
 
 
+class _Dispatches:
+    """An instance's dispatches by request id, and in the order of their dispatch times (the replay wants those made
+    since a snapshot; expiry wants the oldest): each Estimate reads only the few made since the snapshot, however many
+    the instance was sent within the time they are kept."""
+
+    __slots__ = ("by_id", "_times", "_ids")
+
+    def __init__(self) -> None:
+        self.by_id: dict[str, Dispatch] = {}
+        self._times: list[float] = []  # ascending
+        self._ids: list[str] = []  # aligned with _times
+
+    def add(self, dispatch: Dispatch) -> None:
+        known = self.by_id.get(dispatch.request_id)
+        self.by_id[dispatch.request_id] = dispatch
+        if known is not None and known.dispatched_at_s == dispatch.dispatched_at_s:
+            return
+        at = bisect.bisect_right(self._times, dispatch.dispatched_at_s)  # nearly always the end
+        self._times.insert(at, dispatch.dispatched_at_s)
+        self._ids.insert(at, dispatch.request_id)
+
+    def since(self, after_s: float) -> Iterator[Dispatch]:
+        """Dispatches made after `after_s`, in dispatch order."""
+        for at in range(bisect.bisect_right(self._times, after_s), len(self._times)):
+            dispatch = self.by_id.get(self._ids[at])
+            if dispatch is not None and dispatch.dispatched_at_s == self._times[at]:  # not since re-recorded
+                yield dispatch
+
+    def expire(self, before_s: float) -> None:
+        """Forgets dispatches made before `before_s`."""
+        end = bisect.bisect_left(self._times, before_s)
+        for at in range(end):
+            dispatch = self.by_id.get(self._ids[at])
+            if dispatch is not None and dispatch.dispatched_at_s == self._times[at]:
+                del self.by_id[self._ids[at]]
+        del self._times[:end], self._ids[:end]
+
+
 @dataclass(slots=True)
 class _Instance:
     model: str
@@ -83,7 +122,7 @@ class _Instance:
     prepared: PreparedState | None = None
     pending_decode_tokens: float = 0.0  # Σ residents' remaining output tokens in `prepared`
     calibration: Calibration | None = None
-    dispatches: dict[str, Dispatch] = field(default_factory=dict)  # by request id
+    dispatches: _Dispatches = field(default_factory=_Dispatches)
 
 
 class Estimator:
@@ -122,14 +161,14 @@ class Estimator:
         return self._instance(instance_id).calibration
 
     def has_dispatch(self, instance_id: str, request_id: str) -> bool:
-        return request_id in self._instance(instance_id).dispatches
+        return request_id in self._instance(instance_id).dispatches.by_id
 
     def set_calibration(self, instance_id: str, calibration: Calibration) -> None:
         self._instance(instance_id).calibration = calibration
 
     def record_dispatch(self, dispatch: Dispatch) -> None:
         instance = self._instance(dispatch.instance_id)
-        instance.dispatches[dispatch.request_id] = dispatch
+        instance.dispatches.add(dispatch)
 
     def update_snapshot(self, snapshot: snapshot_pb2.InstanceSnapshot, now_s: float,
                         remaining: RemainingTokens | None = None) -> bool:
@@ -142,8 +181,7 @@ class Estimator:
             if snapshot.taken_at_s == current.taken_at_s and snapshot.read_at_s > current.read_at_s:
                 current.read_at_s = snapshot.read_at_s
             return False
-        cutoff = now_s - self._dispatch_ttl_s
-        instance.dispatches = {k: d for k, d in instance.dispatches.items() if d.dispatched_at_s >= cutoff}
+        instance.dispatches.expire(now_s - self._dispatch_ttl_s)
         lengths = self._residents_remaining(instance, (*snapshot.running, *snapshot.waiting),
                                             remaining or self._remaining)
         prepared = prepare(state_from_snapshot(snapshot, lambda r: lengths[r.request_id]))
@@ -205,8 +243,8 @@ class Estimator:
         arrivals = tuple(
             Arrival(d.dispatched_at_s - snapshot.taken_at_s,
                     ResidentRequest(d.request_id, d.num_prompt_tokens, 0, 0, max(1, round(d.predicted_output_tokens))))
-            for d in sorted(instance.dispatches.values(), key=lambda d: d.dispatched_at_s)
-            if d.dispatched_at_s > snapshot.taken_at_s and d.request_id not in known and d.request_id != query.id
+            for d in instance.dispatches.since(snapshot.taken_at_s)
+            if d.request_id not in known and d.request_id != query.id
             and 0 < d.num_prompt_tokens < snapshot.engine.max_model_len  # vLLM rejects longer prompts at once
         )
         return Target(instance.prepared, instance.calibration.coefficients, query_time_s=since_taken_s,
@@ -253,7 +291,7 @@ class Estimator:
         tokens in flight)."""
         by_model: dict[str, list[tuple[snapshot_pb2.RequestState, float]]] = {}
         for request in residents:
-            dispatch = instance.dispatches.get(self._request_key(request.request_id))
+            dispatch = instance.dispatches.by_id.get(self._request_key(request.request_id))
             model = dispatch.model if dispatch is not None else instance.model
             predicted = (dispatch.predicted_output_tokens if dispatch is not None
                          else self._mean_output_tokens.get(model, self._default_output_tokens))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import logging
 import sys
 from collections.abc import Awaitable, Callable
@@ -147,7 +146,6 @@ async def serve(config: RouterConfig) -> None:
 
     configure_tracing("bear-router")
     app = await build(config)
-    gc.freeze()  # what start-up built lives as long as the process: keep it out of the collector's passes
     settings = ServerSettings("bear-router", config.host, config.grpc_port, config.metrics_port,
                               config.shutdown_grace_s)
     try:

@@ -3,6 +3,7 @@ a deadline on every call, and every failure turned into `DependencyUnavailable` 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import grpc
@@ -11,7 +12,9 @@ from bear.common.service import client_interceptors
 from bear.router import wire
 from bear.router.decision import DispatchRecord
 from bear.router.signals import DependencyUnavailable, InstanceEstimate, ModelPrediction
-from bear.v1 import estimator_pb2_grpc, predictor_pb2_grpc
+from bear.v1 import estimator_pb2_grpc, predictor_pb2_grpc, router_pb2
+
+RECENT_PROTOS = 256  # dispatches kept converted for the next Estimate calls (more than a call sends)
 
 # A dependency that comes back is found again within about a second (gRPC's default back-off grows to 2 minutes).
 CHANNEL_OPTIONS = (
@@ -46,16 +49,28 @@ class GrpcEstimator:
     def __init__(self, channel: grpc.aio.Channel, timeout_s: float) -> None:
         self._stub = estimator_pb2_grpc.EstimatorStub(channel)
         self._timeout_s = timeout_s
+        # The latest dispatches go along with many calls in a row: each is converted once.
+        self._recent: OrderedDict[str, router_pb2.DispatchRecord] = OrderedDict()
 
     async def estimate(self, query_id: str, prompt_tokens: int, output_tokens: float, instance_ids: Sequence[str],
                        horizon_ms: float, recent: Sequence[DispatchRecord] = ()) -> dict[str, InstanceEstimate]:
-        request = wire.estimate_request(query_id, prompt_tokens, output_tokens, list(instance_ids), horizon_ms,
-                                        recent)
+        request = wire.estimate_request(query_id, prompt_tokens, output_tokens, list(instance_ids), horizon_ms)
+        if recent:
+            request.recent_dispatches.extend(self._converted(record) for record in recent)
         try:
             reply = await self._stub.Estimate(request, timeout=self._timeout_s)
         except grpc.aio.AioRpcError as error:
             raise DependencyUnavailable("estimator", error.code().name, _first_clause(error.details())) from None
         return wire.estimates_from_proto(reply)
+
+
+    def _converted(self, record: DispatchRecord) -> router_pb2.DispatchRecord:
+        message = self._recent.get(record.request_id)
+        if message is None:
+            message = self._recent[record.request_id] = wire.dispatch_to_proto(record)
+            while len(self._recent) > RECENT_PROTOS:
+                self._recent.popitem(last=False)
+        return message
 
 
 def _first_clause(details: str | None) -> str:

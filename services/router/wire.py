@@ -4,7 +4,6 @@ what Redis holds (registrations, snapshots, dispatch records)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 from bear.router.decision import DispatchRecord, Outcome, RouteResult
 from bear.router.pool import Registration
@@ -79,11 +78,10 @@ def predictions_from_proto(reply: predictor_pb2.PredictResponse) -> dict[str, Mo
 
 
 def estimate_request(query_id: str, prompt_tokens: int, output_tokens: float, instance_ids: list[str],
-                     horizon_ms: float, recent: Sequence[DispatchRecord] = ()) -> estimator_pb2.EstimateRequest:
+                     horizon_ms: float) -> estimator_pb2.EstimateRequest:
     return estimator_pb2.EstimateRequest(query_id=query_id, prompt_tokens=prompt_tokens,
                                          predicted_output_tokens=output_tokens, instance_ids=instance_ids,
-                                         horizon_ms=horizon_ms,
-                                         recent_dispatches=[dispatch_to_proto(r) for r in recent])
+                                         horizon_ms=horizon_ms)
 
 
 def estimates_from_proto(reply: estimator_pb2.EstimateResponse) -> dict[str, InstanceEstimate]:

@@ -90,6 +90,24 @@ def test_dispatches_since_the_snapshot_are_arrivals_ahead_of_the_query() -> None
     assert got.ttft_s == pytest.approx(expected.ttft_s) and got.num_batches == expected.num_batches
 
 
+def test_arrivals_come_in_dispatch_order_and_old_dispatches_expire() -> None:
+    message = snapshot("a", NOW, [decoding("r1")])
+    estimator = estimator_with(message, dispatch_ttl_s=60.0)
+    for request_id, at in (("late", NOW + 0.003), ("early", NOW + 0.001), ("before", NOW - 1), ("old", NOW - 100),
+                           ("moved", NOW - 2)):
+        estimator.record_dispatch(Dispatch(request_id, "a", "m", at, 300, 10.0))
+    estimator.record_dispatch(Dispatch("moved", "a", "m", NOW + 0.002, 300, 10.0))  # recorded again, later
+    got = estimator.estimate(Query("q", 100, 10), ["a"], NOW + 0.01)[0]
+    state = state_from_snapshot(message, lambda r: 79)
+    expected = estimate(prepare(state), Query("q", 100, 10), COEFFICIENTS, query_time_s=0.01,
+                        arrivals=[Arrival(at, ResidentRequest(name, 300, 0, 0, 10))
+                                  for name, at in (("early", 0.001), ("moved", 0.002), ("late", 0.003))])
+    assert got.ttft_s == pytest.approx(expected.ttft_s) and got.num_batches == expected.num_batches
+    estimator.update_snapshot(snapshot("a", NOW + 0.5, [decoding("r1")]), NOW + 0.5)  # expiry comes with snapshots
+    assert not estimator.has_dispatch("a", "old")
+    assert all(estimator.has_dispatch("a", r) for r in ("before", "early", "moved", "late"))
+
+
 def test_instances_come_and_go() -> None:
     estimator = estimator_with(snapshot("a", NOW, [decoding("r1")]))
     estimator.add_instance("b", "m")
