@@ -4,12 +4,13 @@ engine's step log shows (`tests/vllm_accuracy.py` says what is compared; `benchm
 the same with a per-query table). Needs the vLLM virtualenv (BEAR_VLLM_PYTHON, set by `make test`); one server start.
 
 The issue's targets on this CPU set-up are client-side MAPE <= 15% and median <= 7%. They are printed, not asserted:
-on the shared 2-core machine, vLLM's EngineCore, API server and worker, Redis, the sidecar, three BEAR services and
-this client share two cores, and stalls of 100-700 ms (seen in Route's own time, in snapshot ages and in the
-engine's steps) decide the error. Measured over runs here: client MAPE 25-67%, median 15-41%. What is asserted is
-what must hold whatever the load: every query routed and answered, token counts equal to the engine's, every engine
-step seen, nearly every estimate from the replay, the replay's batch count exact for most queries when re-done from
-the snapshot the estimator had, and errors far below what an estimate blind to the engine's state would make.
+the error left is the noise of the engine's steps on two shared cores (the sidecar's eq. 12 fit has ~10-12%
+per-step error here; the replay is unbiased: median predicted - measured about -1 ms). Measured over seven runs
+here: client MAPE 8.7-14.7%, median 5.5-11.6% (vLLM at the lowest CPU priority, see tests/vllm_server.py; before
+that, stalls of 300-1,400 ms gave MAPE 25-67%). What is asserted is what must hold whatever the load: every query
+routed and answered, token counts equal to the engine's, every engine step seen, nearly every estimate from the
+replay, the replay's batch count exact for most queries when re-done from the snapshot the estimator had, and errors
+well below what an estimate blind to the engine's state would make.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from tests.vllm_accuracy import AccuracySettings, run, table
 from tests.vllm_accuracy_diagnosis import summary_lines, table_lines
 
 TARGET_CLIENT_MAPE_PCT, TARGET_CLIENT_MEDIAN_PCT = 15.0, 7.0  # the issue's targets: reported
-MAX_CLIENT_MEDIAN_PCT = 50.0  # asserted: a sanity bound the loaded machine keeps
+MAX_CLIENT_MAPE_PCT, MAX_CLIENT_MEDIAN_PCT = 35.0, 25.0  # asserted: bounds a loaded machine keeps (seen: <= 15, 12)
 MIN_REPLAY_SHARE = 0.8  # the rest: estimator deadlines missed in a stall (degraded, still routed; 0-9 seen)
 MIN_EXACT_BATCH_SHARE = 0.5
 
@@ -40,6 +41,7 @@ def test_predicted_ttft_matches_what_clients_measure(vllm_python: str, tmp_path:
     exact = sum(d.replayed_batches == d.real_batches for d in outcome.diagnoses)
     assert exact >= MIN_EXACT_BATCH_SHARE * len(outcome.diagnoses), report
     assert summary.client_median_ape <= MAX_CLIENT_MEDIAN_PCT, report
+    assert summary.client_mape <= MAX_CLIENT_MAPE_PCT, report
     met = summary.client_mape <= TARGET_CLIENT_MAPE_PCT and summary.client_median_ape <= TARGET_CLIENT_MEDIAN_PCT
     print(f"targets (client MAPE <= {TARGET_CLIENT_MAPE_PCT}%, median <= {TARGET_CLIENT_MEDIAN_PCT}%): "
           f"{'met' if met else 'not met'} in this run")
