@@ -127,6 +127,17 @@ def start_metrics(port: int | None) -> int | None:
     return server.server_port
 
 
+def configure_logging() -> None:
+    """`bear serve <service>`'s log format, on stderr."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def announce(grpc_port: int, metrics_port: int | None) -> None:
+    """The first line a service prints on stdout once it listens (`bear demo`, the tests and scripts read it):
+    `grpc_port=N metrics_port=M`, M empty when metrics are off."""
+    print(f"grpc_port={grpc_port} metrics_port={'' if metrics_port is None else metrics_port}", flush=True)
+
+
 def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
     """Runs a service's main coroutine on uvloop where it is installed (about 30% less time per call here), else on
     asyncio's default loop."""

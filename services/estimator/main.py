@@ -29,16 +29,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bear.common.service import run_event_loop
+    from bear.common.service import announce, configure_logging, run_event_loop
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     try:
         config = load(flag_values(args, FLAGS), args.config)
     except ValueError as error:
         print(f"bear serve estimator: {error}", file=sys.stderr)
         return 2
-    run_event_loop(serve(config, on_ready=lambda port, metrics: print(f"grpc_port={port} metrics_port={metrics}",
-                                                                      flush=True)))
+    run_event_loop(serve(config, on_ready=announce))
     return 0
 
 

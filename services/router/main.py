@@ -39,9 +39,9 @@ def run(args: argparse.Namespace) -> int:
     from bear.discovery.pools import PoolsFileError
     from bear.common.config_sources import flag_values
     from bear.router.config import FLAGS, load
-    from bear.common.service import run_event_loop
+    from bear.common.service import configure_logging, run_event_loop
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     try:
         config = load(flag_values(args, FLAGS), args.config)
         run_event_loop(serve(config))
@@ -142,20 +142,16 @@ def token_counter(name: str) -> Callable[[str], int]:
 
 
 async def serve(config: RouterConfig) -> None:
-    from bear.common.service import ServerSettings, configure_tracing, serve_until_stopped
+    from bear.common.service import ServerSettings, announce, configure_tracing, serve_until_stopped
 
     configure_tracing("bear-router")
     app = await build(config)
     settings = ServerSettings("bear-router", config.host, config.grpc_port, config.metrics_port,
                               config.shutdown_grace_s)
     try:
-        await serve_until_stopped(settings, app.register, on_ready=_announce, background=app.background)
+        await serve_until_stopped(settings, app.register, on_ready=announce, background=app.background)
     finally:
         await app.close()
-
-
-def _announce(grpc_port: int, metrics_port: int | None) -> None:
-    print(f"grpc_port={grpc_port} metrics_port={metrics_port if metrics_port is not None else ''}", flush=True)
 
 
 @dataclass

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import sys
 
 from bear.snapshotter.config import SnapshotterConfig
@@ -30,16 +29,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bear.snapshotter import main  # grpc and redis only when the command runs
+    from bear.common.service import announce, configure_logging  # grpc and redis only when the command runs
+    from bear.snapshotter import main
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     try:
         config = config_from(args)
     except ValueError as error:
         print(f"bear snapshotter: {error}", file=sys.stderr)
         return 2
-    main.run(config, on_ready=lambda port, metrics: print(f"grpc_port={port} metrics_port={metrics or ''}",
-                                                          flush=True))
+    main.run(config, on_ready=announce)
     return 0
 
 
