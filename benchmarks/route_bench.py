@@ -1,7 +1,7 @@
 """Route latency: the router with the estimator and the predictor on loopback, three instances, an open-loop load.
 
 Starts a redis-server, publishes three instances (the paper's Qwen3 pool) with live snapshots as snapshotters would
-(registration, snapshot with eq. 12 coefficients, refreshed every 100 ms), starts `bear serve predictor` (on a small
+(registration, snapshot with eq. 12 coefficients, refreshed every 100 ms by a process of its own), starts `bear serve predictor` (on a small
 predictor trained here on the synthetic corpus) and `bear serve estimator` — or, when their modules are missing or
 with --fakes, one process of constant-answer fakes, and says which — then `bear serve router`, each its own process.
 The load generator (this process, asyncio + uvloop, one channel) sends Route calls with Poisson arrivals and measures
@@ -50,18 +50,22 @@ def main() -> int:
     args = _parse_args()
     if args.serve_fakes:
         return _serve_fakes()
+    if args.publish_snapshots:
+        return _publish_snapshots(args.publish_snapshots)
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="route-bench-")))
         redis_url = stack.enter_context(_redis_server())
         stack.enter_context(_snapshotters(redis_url))
         estimator, predictor, kind = _neighbours(stack, args, tmp, redis_url)
         router = stack.enter_context(_process(["serve", "router", "--host=127.0.0.1", "--grpc-port=0",
-                                               "--metrics-port=0", f"--estimator-address={estimator}",
+                                               "--metrics-port=0", f"--call-streams={args.call_streams}",
+                                               f"--estimator-address={estimator}",
                                                f"--predictor-address={predictor}", f"--redis-url={redis_url}"],
                                               tmp / "router.log", tracing=args.tracing))
         prompts = _prompts(args.prompts)
         print(f"router + {kind} on loopback, 3 instances, {os.cpu_count()} CPUs; prompts: {args.prompts} "
-              f"({len(prompts)} distinct); tracing: {'SDK on, spans exported to nowhere' if args.tracing else 'off'}")
+              f"({len(prompts)} distinct); tracing: {'SDK on, spans exported to nowhere' if args.tracing else 'off'}; "
+              f"router → predictor, estimator: {'streams of calls' if args.call_streams == 'on' else 'unary calls'}")
         asyncio_run(_load(router, prompts, rate_rps=args.rate, seconds=2.0))  # warm-up
         stages_before = _stage_seconds(router)
         result = asyncio_run(_load(router, prompts, rate_rps=args.rate, seconds=args.seconds))
@@ -96,7 +100,11 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--fakes", action="store_true", help="constant-answer fakes instead of the real services")
     parser.add_argument("--tracing", action="store_true", help="leave OpenTelemetry on (default: OTEL_SDK_DISABLED, "
                                                                "as the chart sets without a collector)")
+    parser.add_argument("--call-streams", choices=("on", "off"), default="on",
+                        help="the router's calls to the predictor and estimator: over streams of calls (default) or "
+                             "unary (off)")
     parser.add_argument("--serve-fakes", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--publish-snapshots", metavar="REDIS_URL", help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
@@ -312,7 +320,25 @@ def _redis_server() -> Iterator[str]:
 
 @contextmanager
 def _snapshotters(redis_url: str) -> Iterator[None]:
-    """Registrations and live snapshots of the three instances, refreshed every 100 ms."""
+    """Registrations and live snapshots of the three instances, refreshed every 100 ms by a process of their own (as
+    snapshotters are: in this process they would take the load generator's GIL and add to the latencies it measures)."""
+    process = subprocess.Popen([sys.executable, __file__, f"--publish-snapshots={redis_url}"], stdout=subprocess.PIPE,
+                               text=True)
+    try:
+        assert process.stdout is not None
+        if process.stdout.readline().strip() != "publishing":
+            raise SystemExit("the snapshot publisher did not start")
+        yield
+    finally:
+        process.terminate()
+        process.wait(10)
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+def _publish_snapshots(redis_url: str) -> int:
+    """The snapshotters' part: registers the three instances and publishes their snapshots every 100 ms until
+    SIGTERM; prints `publishing` once the first ones are in Redis."""
     import redis
 
     from bear.common import redis_keys
@@ -337,7 +363,8 @@ def _snapshotters(redis_url: str) -> Iterator[None]:
             num_free_blocks=20_000 - 22 * running, batch_time=calibration_pb2.BatchTimeCoefficients(
                 intercept_s=0.004, per_token_s=2e-5, per_decode_context_token_s=1e-8,
                 per_prefill_attention_token_s=1e-9, num_samples=500, mape=0.05, prefill_tokens_per_s=40_000)))
-    stop = threading.Event()
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopped.set())
 
     def publish() -> None:
         now = time.time()
@@ -348,42 +375,52 @@ def _snapshotters(redis_url: str) -> Iterator[None]:
             client.set(redis_keys.snapshot_key(message.instance_id), payload, px=10_000)
             client.publish(redis_keys.SNAPSHOTS_CHANNEL, payload)
 
-    def run() -> None:
-        while not stop.wait(0.1):
-            publish()
-
     publish()
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(5)
-        client.close()
+    print("publishing", flush=True)
+    while not stopped.wait(0.1):
+        publish()
+    client.close()
+    return 0
 
 
 def _serve_fakes() -> int:
     """Constant-answer Estimator and Predictor servers; prints `estimator_address,predictor_address`."""
     import grpc
 
+    from bear.common.call_streams import CallStreamServer
     from bear.v1 import estimator_pb2, estimator_pb2_grpc, predictor_pb2, predictor_pb2_grpc
 
+    async def predict(request):  # noqa: ANN001, ANN202
+        tokens = max(1, len(request.prompt.split()))
+        return predictor_pb2.PredictResponse(predictions=[
+            predictor_pb2.ModelPrediction(model=model, accuracy=0.5 + 0.1 * k, output_tokens=200.0,
+                                          prompt_tokens=tokens, cost_micro_usd=tokens * p_in + 200 * p_out)
+            for k, (_, _, model, p_in, p_out, _, _) in enumerate(INSTANCES)])
+
+    async def estimate(request):  # noqa: ANN001, ANN202
+        return estimator_pb2.EstimateResponse(estimates=[
+            estimator_pb2.InstanceEstimate(instance_id=i, method=estimator_pb2.ESTIMATE_METHOD_REPLAY, known=True,
+                                           feasible=True, ttft_ms=50.0 * (k + 1), snapshot_age_ms=20.0,
+                                           num_running=k, num_batches=2)
+            for k, i in enumerate(request.instance_ids)])
+
     class Predictor(predictor_pb2_grpc.PredictorServicer):
+        streams = CallStreamServer(predict, predictor_pb2.PredictResult, "/bear.v1.Predictor/PredictStream")
+
         async def Predict(self, request, context):  # noqa: ANN001, ANN202, N802
-            tokens = max(1, len(request.prompt.split()))
-            return predictor_pb2.PredictResponse(predictions=[
-                predictor_pb2.ModelPrediction(model=model, accuracy=0.5 + 0.1 * k, output_tokens=200.0,
-                                              prompt_tokens=tokens, cost_micro_usd=tokens * p_in + 200 * p_out)
-                for k, (_, _, model, p_in, p_out, _, _) in enumerate(INSTANCES)])
+            return await predict(request)
+
+        async def PredictStream(self, calls, context):  # noqa: ANN001, ANN202, N802
+            await self.streams.serve(calls, context)
 
     class Estimator(estimator_pb2_grpc.EstimatorServicer):
+        streams = CallStreamServer(estimate, estimator_pb2.EstimateResult, "/bear.v1.Estimator/EstimateStream")
+
         async def Estimate(self, request, context):  # noqa: ANN001, ANN202, N802
-            return estimator_pb2.EstimateResponse(estimates=[
-                estimator_pb2.InstanceEstimate(instance_id=i, method=estimator_pb2.ESTIMATE_METHOD_REPLAY, known=True,
-                                               feasible=True, ttft_ms=50.0 * (k + 1), snapshot_age_ms=20.0,
-                                               num_running=k, num_batches=2)
-                for k, i in enumerate(request.instance_ids)])
+            return await estimate(request)
+
+        async def EstimateStream(self, calls, context):  # noqa: ANN001, ANN202, N802
+            await self.streams.serve(calls, context)
 
     async def serve() -> None:
         servers = []
@@ -398,7 +435,7 @@ def _serve_fakes() -> int:
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopped.set)
         await stopped.wait()
         for server, _ in servers:
-            await server.stop(None)
+            await server.stop(None)  # ends the router's streams of calls too
 
     asyncio_run(serve())
     return 0

@@ -73,18 +73,24 @@ def client_interceptors() -> list[grpc.aio.ClientInterceptor]:
     """Interceptors for outbound channels: spans and trace-context propagation."""
     from opentelemetry.instrumentation.grpc import aio_client_interceptors
 
-    return list(aio_client_interceptors())
+    from bear.common.call_streams import not_a_call_stream
+
+    return list(aio_client_interceptors(filter_=not_a_call_stream))  # a stream of calls spans each call itself
 
 
 Register = Callable[[grpc.aio.Server], Iterable[str]]  # adds servicers, returns their full service names
+
+
+OnStop = Callable[[], Awaitable[None]]  # e.g. ending the streams of calls that callers keep open
 
 
 class RunningServer:
     """A started server: its port, health, and how to stop it."""
 
     def __init__(self, server: grpc.aio.Server, port: int, health_servicer: health.aio.HealthServicer,
-                 names: list[str], grace_s: float) -> None:
+                 names: list[str], grace_s: float, on_stop: Iterable[OnStop] = ()) -> None:
         self.server, self.port, self.health, self.names, self.grace_s = server, port, health_servicer, names, grace_s
+        self.on_stop = list(on_stop)
 
     async def set_serving(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -92,17 +98,25 @@ class RunningServer:
             await self.health.set(name, status)
 
     async def stop(self) -> None:
+        """Health NOT_SERVING, no new calls; calls in flight finish within the grace period. Streams that callers
+        keep open (streams of calls) end as soon as their calls in flight are answered, not at the grace's end."""
         await self.set_serving(False)
-        await self.server.stop(self.grace_s)
+        stopped = asyncio.ensure_future(self.server.stop(self.grace_s))
+        await asyncio.sleep(0)  # the server refuses new calls from here on
+        for hook in self.on_stop:
+            await hook()
+        await stopped
 
 
-async def start_server(settings: ServerSettings, register: Register) -> RunningServer:
-    """Builds and starts the server (call from the event loop that will run it)."""
+async def start_server(settings: ServerSettings, register: Register, on_stop: Iterable[OnStop] = ()) -> RunningServer:
+    """Builds and starts the server (call from the event loop that will run it); `on_stop` runs when it stops."""
     from opentelemetry.instrumentation.grpc import aio_server_interceptor
+
+    from bear.common.call_streams import not_a_call_stream
 
     # With OTEL_SDK_DISABLED the tracer is a no-op: the interceptor would cost each call time for nothing.
     traced = not isinstance(trace.get_tracer(__name__), trace.NoOpTracer)
-    server = grpc.aio.server(interceptors=[aio_server_interceptor()] if traced else [])
+    server = grpc.aio.server(interceptors=[aio_server_interceptor(filter_=not_a_call_stream)] if traced else [])
     names = list(register(server))
     health_servicer = health.aio.HealthServicer()  # an asyncio servicer: a blocking one fails under grpc.aio
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -112,7 +126,7 @@ async def start_server(settings: ServerSettings, register: Register) -> RunningS
     if port == 0:
         raise OSError(f"cannot listen on {settings.host}:{settings.grpc_port}")
     await server.start()
-    running = RunningServer(server, port, health_servicer, names, settings.shutdown_grace_s)
+    running = RunningServer(server, port, health_servicer, names, settings.shutdown_grace_s, on_stop)
     await running.set_serving(True)
     return running
 
@@ -151,10 +165,11 @@ def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
 
 async def serve_until_stopped(settings: ServerSettings, register: Register,
                               on_ready: Callable[[int, int | None], None] = lambda port, metrics: None,
-                              background: Iterable[Callable[[], Awaitable[None]]] = ()) -> None:
+                              background: Iterable[Callable[[], Awaitable[None]]] = (),
+                              on_stop: Iterable[OnStop] = ()) -> None:
     """Runs the service until SIGTERM/SIGINT; `background` tasks run alongside and are cancelled at shutdown."""
     configure_tracing(settings.service_name)
-    running = await start_server(settings, register)
+    running = await start_server(settings, register, on_stop)
     metrics_port = start_metrics(settings.metrics_port)
     # What start-up built (modules, models, caches) lives as long as the process: out of the collector's passes, so
     # that a full collection does not stall calls for tens of milliseconds.

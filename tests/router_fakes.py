@@ -17,6 +17,7 @@ import redis
 import yaml
 
 from bear.common import redis_keys
+from bear.common.call_streams import CallFailed, CallStreamServer
 from bear.v1 import (
     estimator_pb2,
     estimator_pb2_grpc,
@@ -84,9 +85,16 @@ class FakePredictor(predictor_pb2_grpc.PredictorServicer):
 
     async def Predict(self, request: predictor_pb2.PredictRequest,  # noqa: N802 - the proto's name
                       context: grpc.aio.ServicerContext) -> predictor_pb2.PredictResponse:
-        self.requests.append(request)
         self.metadata.append({k: v for k, v in context.invocation_metadata() or ()})
-        await _behave(self.behaviour, context)
+        return await _unary(self._answer(request), context)
+
+    async def PredictStream(self, calls: Any, context: grpc.aio.ServicerContext) -> None:  # noqa: N802
+        await CallStreamServer(self._answer, predictor_pb2.PredictResult,
+                               "/bear.v1.Predictor/PredictStream").serve(_noting_context(calls, self.metadata), context)
+
+    async def _answer(self, request: predictor_pb2.PredictRequest) -> predictor_pb2.PredictResponse:
+        self.requests.append(request)
+        await _behave(self.behaviour)
         tokens = max(1, len(request.prompt.split()))
         return predictor_pb2.PredictResponse(predictions=[
             predictor_pb2.ModelPrediction(
@@ -120,9 +128,16 @@ class FakeEstimator(estimator_pb2_grpc.EstimatorServicer):
 
     async def Estimate(self, request: estimator_pb2.EstimateRequest,  # noqa: N802 - the proto's name
                        context: grpc.aio.ServicerContext) -> estimator_pb2.EstimateResponse:
-        self.requests.append(request)
         self.metadata.append({k: v for k, v in context.invocation_metadata() or ()})
-        await _behave(self.behaviour, context)
+        return await _unary(self._answer(request), context)
+
+    async def EstimateStream(self, calls: Any, context: grpc.aio.ServicerContext) -> None:  # noqa: N802
+        await CallStreamServer(self._answer, estimator_pb2.EstimateResult,
+                               "/bear.v1.Estimator/EstimateStream").serve(_noting_context(calls, self.metadata), context)
+
+    async def _answer(self, request: estimator_pb2.EstimateRequest) -> estimator_pb2.EstimateResponse:
+        self.requests.append(request)
+        await _behave(self.behaviour)
         out = []
         for instance_id in request.instance_ids:
             state = self.instances.get(instance_id)
@@ -139,11 +154,26 @@ class FakeEstimator(estimator_pb2_grpc.EstimatorServicer):
         return estimator_pb2.EstimateResponse(estimates=out)
 
 
-async def _behave(behaviour: Behaviour, context: grpc.aio.ServicerContext) -> None:
+async def _behave(behaviour: Behaviour) -> None:
     if behaviour.delay_s:
         await asyncio.sleep(behaviour.delay_s)
     if behaviour.fail is not None:
-        await context.abort(behaviour.fail, "told to fail")
+        raise CallFailed(behaviour.fail, "told to fail")
+
+
+async def _unary(answer: Coroutine[Any, Any, T], context: grpc.aio.ServicerContext) -> T:
+    try:
+        return await answer
+    except CallFailed as error:
+        await context.abort(error.code, error.message)
+        raise
+
+
+async def _noting_context(calls: Any, metadata: list[dict[str, str]]) -> Any:
+    """The calls of a stream, each call's trace context noted as a unary call's metadata would be."""
+    async for call in calls:
+        metadata.append(dict(call.trace_context))
+        yield call
 
 
 class FakeServer:

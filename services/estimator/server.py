@@ -1,6 +1,7 @@
 """The gRPC face of the estimator (bear.v1.Estimator): thin, over `estimation.Estimator`.
 
-Estimate reads only the estimator's memory, which the snapshot feed keeps current on the same event loop: it never
+`Estimate` and its stream twin `EstimateStream` (many calls over one stream: how the router calls it, see
+`bear.common.call_streams`) answer alike. Estimate reads only the estimator's memory, which the snapshot feed keeps current on the same event loop: it never
 waits on Redis or the predictor. The dispatches a router sends along (`recent_dispatches`) are recorded first, through
 the feed, as if read from Redis. Bad input is INVALID_ARGUMENT with a message naming the field; an instance id the
 estimator does not know is answered, like one without a snapshot, with method NONE and the reason.
@@ -10,10 +11,11 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 
 import grpc
 
+from bear.common.call_streams import CallFailed, CallStreamServer
 from bear.estimator import metrics
 from bear.estimator.estimation import Estimator
 from bear.estimator.wire import InstanceFacts, InvalidRequest, estimate_call, instance_estimate
@@ -31,15 +33,31 @@ class EstimatorServicer(estimator_pb2_grpc.EstimatorServicer):
         self._clock = clock
         self._record_dispatch = record_dispatch
         self._query_numbers = itertools.count()
+        self._streams = CallStreamServer(self._answer, estimator_pb2.EstimateResult,
+                                         f"/{SERVICE_NAME}/EstimateStream")
 
-    async def Estimate(self, request: estimator_pb2.EstimateRequest,
+    async def Estimate(self, request: estimator_pb2.EstimateRequest,  # noqa: N802 - the proto's name
                        context: grpc.aio.ServicerContext) -> estimator_pb2.EstimateResponse:
+        try:
+            return await self._answer(request)
+        except CallFailed as error:
+            await context.abort(error.code, error.message)
+
+    async def EstimateStream(self, calls: AsyncIterator[estimator_pb2.EstimateCall],  # noqa: N802
+                             context: grpc.aio.ServicerContext) -> None:
+        await self._streams.serve(calls, context)
+
+    async def close_streams(self) -> None:
+        """Ends the open streams of calls once their calls in flight are answered (at shutdown)."""
+        await self._streams.close()
+
+    async def _answer(self, request: estimator_pb2.EstimateRequest) -> estimator_pb2.EstimateResponse:
         started = time.perf_counter()
         try:
             call = estimate_call(request, default_query_id=f"bear-estimate-{next(self._query_numbers)}")
         except InvalidRequest as error:
             metrics.ERRORS.labels(code="INVALID_ARGUMENT").inc()
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+            raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT, str(error)) from None
         if request.recent_dispatches and self._record_dispatch is not None:
             self._record_all(request.recent_dispatches)
         estimator = self._estimator

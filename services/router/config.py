@@ -30,6 +30,8 @@ without BEAR_, in lower case, e.g. `default_policy: bear`):
                                        estimator's TTFTs (default 0: off; 64 is a good window; see the router's README)
     BEAR_ROUTER_RECENT_DISPATCHES_MS   this router's dispatches of the last this many ms (at most 32) go along with
                                        each Estimate call, ahead of Redis (default 250; 0: off)
+    BEAR_ROUTER_CALL_STREAMS           on (default): Predict and Estimate calls go over one long-lived stream each
+                                       (bear.common.call_streams); off: unary calls                --call-streams
     BEAR_SHUTDOWN_GRACE_S              calls in flight may finish this long after SIGTERM (default 5)
 
 plus Redis (`bear.common.redis_config`: BEAR_REDIS_URL, ...) and discovery (`bear.discovery.config`:
@@ -60,7 +62,7 @@ ENVIRONMENT = (
     "BEAR_ROUTER_MAX_PROMPT_BYTES", "BEAR_ROUTER_MAX_PROMPT_TOKENS", "BEAR_ROUTER_DEFAULT_OUTPUT_TOKENS",
     "BEAR_ROUTER_TOKENIZER", "BEAR_ROUTER_REFRESH_S", "BEAR_ROUTER_FORGET_AFTER_S",
     "BEAR_ROUTER_FALLBACK_SNAPSHOT_AGE_S", "BEAR_ROUTER_TTFT_FEEDBACK_WINDOW",
-    "BEAR_ROUTER_RECENT_DISPATCHES_MS", "BEAR_SHUTDOWN_GRACE_S",
+    "BEAR_ROUTER_RECENT_DISPATCHES_MS", "BEAR_ROUTER_CALL_STREAMS", "BEAR_SHUTDOWN_GRACE_S",
     *REDIS_ENVIRONMENT, *DISCOVERY_ENVIRONMENT,
 )
 FLAGS = {  # flag → (environment variable, help)
@@ -73,6 +75,8 @@ FLAGS = {  # flag → (environment variable, help)
     "--fallback-policy": ("BEAR_FALLBACK_POLICY", "policy when a dependency is down (default shortest-queue)"),
     "--redis-url": ("BEAR_REDIS_URL", "Redis URL (default: an embedded Redis)"),
     "--pools-file": ("BEAR_POOLS_FILE", "the pools file (bear.discovery)"),
+    "--call-streams": ("BEAR_ROUTER_CALL_STREAMS", "on (default): Predict and Estimate over streams of calls; off: "
+                       "unary calls"),
 }
 
 
@@ -101,6 +105,7 @@ class RouterConfig:
     fallback_snapshot_max_age_s: float = 10.0
     ttft_feedback_window: int = 0
     recent_dispatches_s: float = 0.25
+    call_streams: bool = True
     shutdown_grace_s: float = 5.0
     redis: RedisConfig = field(default_factory=RedisConfig)
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
@@ -161,6 +166,7 @@ class RouterConfig:
                                                   d.fallback_snapshot_max_age_s),
             ttft_feedback_window=env_int(environ, "BEAR_ROUTER_TTFT_FEEDBACK_WINDOW", d.ttft_feedback_window),
             recent_dispatches_s=_ms(environ, "BEAR_ROUTER_RECENT_DISPATCHES_MS", d.recent_dispatches_s),
+            call_streams=_switch(environ, "BEAR_ROUTER_CALL_STREAMS", d.call_streams),
             shutdown_grace_s=env_float(environ, "BEAR_SHUTDOWN_GRACE_S", d.shutdown_grace_s),
             redis=RedisConfig.from_environ(environ),
             discovery=DiscoveryConfig.from_environ(environ),
@@ -187,6 +193,17 @@ def _policy_params(text: str) -> dict[str, dict[str, Any]]:
 
 def _ms(environ: Mapping[str, str], name: str, default_s: float) -> float:
     return env_float(environ, name, default_s * 1e3) / 1e3
+
+
+def _switch(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    text = environ.get(name, "").strip().lower()
+    if not text:
+        return default
+    if text in ("on", "true", "1", "yes"):
+        return True
+    if text in ("off", "false", "0", "no"):
+        return False
+    raise ValueError(f"{name} must be on or off, got {text!r}")
 
 
 def _require(ok: bool, message: str) -> None:

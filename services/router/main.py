@@ -99,16 +99,19 @@ async def build(config: RouterConfig, registry: CollectorRegistry | None = None,
                           RouterMetrics(REGISTRY if registry is None else registry))
     predictor_channel = upstream.open_channel(config.predictor_address, telemetry.tracing)
     estimator_channel = upstream.open_channel(config.estimator_address, telemetry.tracing)
-    closers += [lambda: predictor_channel.close(), lambda: estimator_channel.close()]
+    predictor = upstream.GrpcPredictor(predictor_channel, config.predictor_timeout_s, config.call_streams,
+                                       telemetry.tracing)
+    estimator = upstream.GrpcEstimator(estimator_channel, config.estimator_timeout_s, config.call_streams,
+                                       telemetry.tracing)
+    closers += [lambda: predictor_channel.close(), lambda: estimator_channel.close(),  # closed in reverse order
+                predictor.close, estimator.close]
     settings = RouterSettings(config.default_policy, config.lambda_per_micro_usd, config.horizon_factor,
                               config.default_output_tokens,
                               Limits(config.max_ttft_slo_ms, config.max_prompt_bytes, config.max_prompt_tokens),
                               config.fallback_snapshot_max_age_s, config.ttft_feedback_window,
                               config.recent_dispatches_s)
     router = Router(settings, InstancePool(discovery.instances, discovery.pools, config.forget_after_s),
-                    upstream.GrpcPredictor(predictor_channel, config.predictor_timeout_s),
-                    upstream.GrpcEstimator(estimator_channel, config.estimator_timeout_s),
-                    store, policies, fallback, telemetry, count_tokens)
+                    predictor, estimator, store, policies, fallback, telemetry, count_tokens)
     logger.info("router: predictor %s, estimator %s, Redis %s, %d pool(s) (%s discovery), default policy %s, "
                 "fallback %s", config.predictor_address, config.estimator_address, config.redis.describe(),
                 len(discovery.pools), config.discovery.mode, config.default_policy, config.fallback_policy)

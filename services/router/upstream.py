@@ -1,5 +1,7 @@
-"""The predictor and the estimator as the router calls them: gRPC stubs over channels that carry the trace context,
-a deadline on every call, and every failure turned into `DependencyUnavailable` (the router then degrades)."""
+"""The predictor and the estimator as the router calls them: over one long-lived stream of calls each
+(`bear.common.call_streams`; unary calls where configured off, or where a server has no stream twin), carrying the
+trace context, a deadline on every call, and every failure turned into `DependencyUnavailable` (the router then
+degrades)."""
 
 from __future__ import annotations
 
@@ -8,12 +10,15 @@ from collections.abc import Sequence
 
 import grpc
 
+from bear.common.call_streams import CallFailed, CallStream, StreamedMethod
 from bear.common.service import client_interceptors
 from bear.router import wire
 from bear.router.decision import DispatchRecord
 from bear.router.signals import DependencyUnavailable, InstanceEstimate, ModelPrediction
-from bear.v1 import estimator_pb2_grpc, predictor_pb2_grpc, router_pb2
+from bear.v1 import estimator_pb2, estimator_pb2_grpc, predictor_pb2, predictor_pb2_grpc, router_pb2
 
+PREDICTOR = predictor_pb2.DESCRIPTOR.services_by_name["Predictor"].full_name
+ESTIMATOR = estimator_pb2.DESCRIPTOR.services_by_name["Estimator"].full_name
 RECENT_PROTOS = 256  # dispatches kept converted for the next Estimate calls (more than a call sends)
 
 # A dependency that comes back is found again within about a second (gRPC's default back-off grows to 2 minutes).
@@ -33,21 +38,30 @@ def open_channel(address: str, traced: bool = True) -> grpc.aio.Channel:
 
 
 class GrpcPredictor:
-    def __init__(self, channel: grpc.aio.Channel, timeout_s: float) -> None:
-        self._stub = predictor_pb2_grpc.PredictorStub(channel)
+    def __init__(self, channel: grpc.aio.Channel, timeout_s: float, streamed: bool = True,
+                 traced: bool = True) -> None:
+        stream = CallStream(channel, f"/{PREDICTOR}/PredictStream", predictor_pb2.PredictCall,
+                            predictor_pb2.PredictResult, traced) if streamed else None
+        self._predict = StreamedMethod(predictor_pb2_grpc.PredictorStub(channel).Predict, stream)
         self._timeout_s = timeout_s
 
     async def predict(self, prompt: str) -> dict[str, ModelPrediction]:
         try:
-            reply = await self._stub.Predict(wire.predict_request(prompt), timeout=self._timeout_s)
-        except grpc.aio.AioRpcError as error:
-            raise DependencyUnavailable("predictor", error.code().name, _first_clause(error.details())) from None
+            reply = await self._predict(wire.predict_request(prompt), self._timeout_s)
+        except CallFailed as error:
+            raise DependencyUnavailable("predictor", error.code.name, _first_clause(error.message)) from None
         return wire.predictions_from_proto(reply)
+
+    async def close(self) -> None:
+        await self._predict.close()
 
 
 class GrpcEstimator:
-    def __init__(self, channel: grpc.aio.Channel, timeout_s: float) -> None:
-        self._stub = estimator_pb2_grpc.EstimatorStub(channel)
+    def __init__(self, channel: grpc.aio.Channel, timeout_s: float, streamed: bool = True,
+                 traced: bool = True) -> None:
+        stream = CallStream(channel, f"/{ESTIMATOR}/EstimateStream", estimator_pb2.EstimateCall,
+                            estimator_pb2.EstimateResult, traced) if streamed else None
+        self._estimate = StreamedMethod(estimator_pb2_grpc.EstimatorStub(channel).Estimate, stream)
         self._timeout_s = timeout_s
         # The latest dispatches go along with many calls in a row: each is converted once.
         self._recent: OrderedDict[str, router_pb2.DispatchRecord] = OrderedDict()
@@ -58,11 +72,13 @@ class GrpcEstimator:
         if recent:
             request.recent_dispatches.extend(self._converted(record) for record in recent)
         try:
-            reply = await self._stub.Estimate(request, timeout=self._timeout_s)
-        except grpc.aio.AioRpcError as error:
-            raise DependencyUnavailable("estimator", error.code().name, _first_clause(error.details())) from None
+            reply = await self._estimate(request, self._timeout_s)
+        except CallFailed as error:
+            raise DependencyUnavailable("estimator", error.code.name, _first_clause(error.message)) from None
         return wire.estimates_from_proto(reply)
 
+    async def close(self) -> None:
+        await self._estimate.close()
 
     def _converted(self, record: DispatchRecord) -> router_pb2.DispatchRecord:
         message = self._recent.get(record.request_id)

@@ -15,6 +15,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from opentelemetry.trace import SpanKind
 from prometheus_client import start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -189,8 +190,13 @@ def test_each_decision_is_a_span_with_its_candidates_and_the_context_reaches_the
     assert route.parent is not None and in_trace["/bear.v1.Router/Route"].context.span_id == route.parent.span_id
     for stage in ("bear.predict", "bear.estimate", "bear.choose", "bear.record"):
         assert in_trace[stage].parent.span_id == route.context.span_id
-    assert in_trace["/bear.v1.Predictor/Predict"].parent.span_id == in_trace["bear.predict"].context.span_id
-    assert in_trace["/bear.v1.Estimator/Estimate"].parent.span_id == in_trace["bear.estimate"].context.span_id
+    # Each call over a stream of calls is a client span under its stage and a server span under the client's.
+    by_kind = {(s.name, s.kind): s for s in spans if s.context.trace_id == trace_id}
+    for stage, method in (("bear.predict", "/bear.v1.Predictor/PredictStream"),
+                          ("bear.estimate", "/bear.v1.Estimator/EstimateStream")):
+        client, server = by_kind[method, SpanKind.CLIENT], by_kind[method, SpanKind.SERVER]
+        assert client.parent.span_id == in_trace[stage].context.span_id
+        assert server.parent.span_id == client.context.span_id
     for seen in (stack.predictor.metadata[-1], stack.estimator.metadata[-1]):
         assert seen["traceparent"].split("-")[1] == format(trace_id, "032x")
 

@@ -28,6 +28,13 @@ def test_flags_over_environment_over_file(tmp_path: Path) -> None:
     assert config.metrics_port is None and config.grpc_port == 50051
 
 
+@pytest.mark.parametrize(("value", "streams"), [("", True), ("on", True), ("OFF", False), ("false", False),
+                                               ("1", True), ("no", False)])
+def test_call_streams_switch(value: str, streams: bool) -> None:
+    assert load({}, environ={"BEAR_ROUTER_CALL_STREAMS": value}).call_streams is streams
+    assert load({"BEAR_ROUTER_CALL_STREAMS": value or None}, environ={}).call_streams is streams  # --call-streams
+
+
 def test_the_charts_environment_is_understood() -> None:
     config = load({}, environ={"BEAR_ESTIMATOR_ADDRESS": "bear-estimator:50052",
                                "BEAR_PREDICTOR_ADDRESS": "bear-predictor:50053", "BEAR_DEFAULT_POLICY": "bear",
@@ -54,6 +61,7 @@ def test_policy_parameters_are_json() -> None:
     ({"BEAR_LAMBDA_PER_MICRO_USD": "-1"}, "BEAR_LAMBDA_PER_MICRO_USD must be >= 0"),
     ({"BEAR_ROUTER_TOKENIZER": "gpt"}, "BEAR_ROUTER_TOKENIZER must be one of qwen, pretokens"),
     ({"BEAR_ROUTER_MAX_TTFT_SLO_MS": "nan"}, "BEAR_ROUTER_MAX_TTFT_SLO_MS must be > 0"),
+    ({"BEAR_ROUTER_CALL_STREAMS": "maybe"}, "BEAR_ROUTER_CALL_STREAMS must be on or off, got 'maybe'"),
 ])
 def test_bad_settings_name_the_variable(environ: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -1,0 +1,237 @@
+"""Streams of calls (`bear.common.call_streams`) between a real grpc.aio server and client on loopback: results out
+of order, errors per call, deadlines, a server that dies or restarts, one without the stream twin (unary fallback),
+and a shutdown that ends open streams without waiting for the grace period.
+
+The test service is the estimator's wire (EstimateCall / EstimateResult) with an answer steered by the query id:
+"sleep:S" answers after S seconds, "fail:CODE" fails with that status, "boom" raises; the answer names the query id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import pytest
+
+from bear.common.call_streams import CallFailed, CallStream, CallStreamServer, StreamedMethod, not_a_call_stream
+from bear.common.service import ServerSettings, start_server
+from bear.v1 import estimator_pb2, estimator_pb2_grpc
+
+METHOD = "/bear.v1.Estimator/EstimateStream"
+
+
+async def _answer(request: estimator_pb2.EstimateRequest) -> estimator_pb2.EstimateResponse:
+    kind, _, argument = request.query_id.partition(":")
+    if kind == "sleep":
+        await asyncio.sleep(float(argument))
+    elif kind == "fail":
+        raise CallFailed(grpc.StatusCode[argument], f"failed as told ({argument})")
+    elif kind == "boom":
+        raise RuntimeError("boom")
+    return estimator_pb2.EstimateResponse(estimates=[estimator_pb2.InstanceEstimate(instance_id=request.query_id)])
+
+
+class Servicer(estimator_pb2_grpc.EstimatorServicer):
+    def __init__(self, streamed: bool = True) -> None:
+        self.streams = CallStreamServer(_answer, estimator_pb2.EstimateResult, METHOD)
+        self.streamed = streamed
+        self.opened = 0  # streams of calls served
+        self.unary_calls = 0
+
+    async def Estimate(self, request: estimator_pb2.EstimateRequest,  # noqa: N802
+                       context: grpc.aio.ServicerContext) -> estimator_pb2.EstimateResponse:
+        self.unary_calls += 1
+        try:
+            return await _answer(request)
+        except CallFailed as error:
+            await context.abort(error.code, error.message)
+            raise
+
+    async def EstimateStream(self, calls: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> None:  # noqa: N802
+        if not self.streamed:  # as a server of an older version, without the twin
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+        self.opened += 1
+        await self.streams.serve(calls, context)
+
+
+class Server:
+    def __init__(self, servicer: Servicer, port: int = 0, grace_s: float = 5.0) -> None:
+        self.servicer, self.port, self.grace_s = servicer, port, grace_s
+        self.running: Any = None
+
+    async def start(self) -> Server:
+        def register(server: grpc.aio.Server) -> list[str]:
+            estimator_pb2_grpc.add_EstimatorServicer_to_server(self.servicer, server)
+            return ["bear.v1.Estimator"]
+
+        self.running = await start_server(ServerSettings("test", "127.0.0.1", self.port, None, self.grace_s), register,
+                                          [self.servicer.streams.close])
+        self.port = self.running.port
+        return self
+
+    async def kill(self) -> None:
+        await self.running.server.stop(None)
+
+
+def _request(query_id: str) -> estimator_pb2.EstimateRequest:
+    return estimator_pb2.EstimateRequest(query_id=query_id)
+
+
+def _stream(channel: grpc.aio.Channel) -> CallStream[Any, Any]:
+    return CallStream(channel, METHOD, estimator_pb2.EstimateCall, estimator_pb2.EstimateResult, traced=False)
+
+
+def run(scenario: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_calls_share_one_stream_and_a_slow_one_does_not_hold_up_the_others() -> None:
+    async def scenario() -> None:
+        server = await Server(Servicer()).start()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stream = _stream(channel)
+            finished: list[str] = []
+
+            async def call(query_id: str) -> None:
+                reply = await stream.call(_request(query_id), timeout_s=5)
+                assert reply.estimates[0].instance_id == query_id
+                finished.append(query_id)
+
+            await asyncio.gather(call("sleep:0.3"), call("sleep:0.05"), *(call(f"quick-{i}") for i in range(20)))
+            assert finished[-1] == "sleep:0.3" and len(finished) == 22
+            assert server.servicer.opened == 1 and server.servicer.unary_calls == 0
+            await stream.close()
+        await server.kill()
+
+    run(scenario)
+
+
+def test_an_error_fails_its_call_only() -> None:
+    async def scenario() -> None:
+        server = await Server(Servicer()).start()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stream = _stream(channel)
+            with pytest.raises(CallFailed) as failed:
+                await stream.call(_request("fail:INVALID_ARGUMENT"), timeout_s=5)
+            assert failed.value.code is grpc.StatusCode.INVALID_ARGUMENT
+            assert failed.value.message == "failed as told (INVALID_ARGUMENT)"
+            with pytest.raises(CallFailed) as failed:
+                await stream.call(_request("boom"), timeout_s=5)
+            assert failed.value.code is grpc.StatusCode.UNKNOWN and "RuntimeError: boom" in failed.value.message
+            assert (await stream.call(_request("fine"), timeout_s=5)).estimates[0].instance_id == "fine"
+            assert server.servicer.opened == 1
+            await stream.close()
+        await server.kill()
+
+    run(scenario)
+
+
+def test_a_call_past_its_deadline_fails_and_its_late_answer_is_dropped() -> None:
+    async def scenario() -> None:
+        server = await Server(Servicer()).start()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stream = _stream(channel)
+            started = time.perf_counter()
+            with pytest.raises(CallFailed) as failed:
+                await stream.call(_request("sleep:0.5"), timeout_s=0.1)
+            assert failed.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
+            assert time.perf_counter() - started < 0.4
+            await asyncio.sleep(0.6)  # the late answer arrives meanwhile: nobody waits for it
+            assert (await stream.call(_request("next"), timeout_s=5)).estimates[0].instance_id == "next"
+            assert server.servicer.opened == 1
+            await stream.close()
+        await server.kill()
+
+    run(scenario)
+
+
+def test_a_server_that_dies_fails_the_calls_in_flight_at_once_and_a_new_stream_follows_its_restart() -> None:
+    async def scenario() -> None:
+        server = await Server(Servicer()).start()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stream = _stream(channel)
+            assert (await stream.call(_request("before"), timeout_s=5)).estimates[0].instance_id == "before"
+            in_flight = asyncio.ensure_future(stream.call(_request("sleep:2"), timeout_s=10))
+            await asyncio.sleep(0.1)
+            started = time.perf_counter()
+            await server.kill()
+            with pytest.raises(CallFailed) as failed:
+                await in_flight
+            assert time.perf_counter() - started < 1.5  # the stream's end, not the call's deadline
+            assert failed.value.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+            with pytest.raises(CallFailed):  # nobody listens: fails within its deadline
+                await stream.call(_request("while-down"), timeout_s=0.5)
+            revived = await Server(Servicer(), port=server.port).start()
+            deadline = time.monotonic() + 10
+            while True:  # the channel reconnects within its back-off
+                try:
+                    reply = await stream.call(_request("after"), timeout_s=1)
+                    break
+                except CallFailed:
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.1)
+            assert reply.estimates[0].instance_id == "after" and revived.servicer.opened == 1
+            await stream.close()
+        await revived.kill()
+
+    run(scenario)
+
+
+def test_a_server_without_the_stream_twin_is_called_unary_and_asked_again_later() -> None:
+    async def scenario() -> None:
+        servicer = Servicer(streamed=False)
+        server = await Server(servicer).start()
+        now = [100.0]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            method = StreamedMethod(estimator_pb2_grpc.EstimatorStub(channel).Estimate, _stream(channel),
+                                    clock=lambda: now[0])
+            assert (await method(_request("first"), 5)).estimates[0].instance_id == "first"
+            assert not method.streamed and servicer.unary_calls == 1
+            assert (await method(_request("second"), 5)).estimates[0].instance_id == "second"
+            assert servicer.unary_calls == 2
+            with pytest.raises(CallFailed) as failed:  # unary errors are CallFailed too
+                await method(_request("fail:NOT_FOUND"), 5)
+            assert failed.value.code is grpc.StatusCode.NOT_FOUND
+            servicer.streamed = True  # "upgraded"
+            now[0] += 61
+            assert method.streamed
+            assert (await method(_request("third"), 5)).estimates[0].instance_id == "third"
+            assert servicer.opened == 1 and servicer.unary_calls == 3
+            await method.close()
+        await server.kill()
+
+    run(scenario)
+
+
+def test_shutdown_answers_the_calls_in_flight_and_ends_the_streams_without_waiting_for_the_grace() -> None:
+    async def scenario() -> None:
+        server = await Server(Servicer(), grace_s=5.0).start()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stream = _stream(channel)
+            assert (await stream.call(_request("open"), timeout_s=5)).estimates[0].instance_id == "open"
+            in_flight = asyncio.ensure_future(stream.call(_request("sleep:0.3"), timeout_s=5))
+            await asyncio.sleep(0.05)
+            started = time.perf_counter()
+            await server.running.stop()
+            stopped_s = time.perf_counter() - started
+            assert (await in_flight).estimates[0].instance_id == "sleep:0.3"  # answered before the stream ended
+            assert stopped_s < 2.0  # not the 5 s grace: the open stream was ended once its call was answered
+            with pytest.raises(CallFailed):  # the server is gone: a new stream fails, within the deadline
+                await stream.call(_request("after"), timeout_s=1)
+            await stream.close()
+
+    run(scenario)
+
+
+def test_the_interceptor_filter_leaves_streams_of_calls_alone() -> None:
+    class Details:
+        def __init__(self, method: str | bytes) -> None:
+            self.method = method
+
+    assert not not_a_call_stream(Details("/bear.v1.Estimator/EstimateStream"))
+    assert not not_a_call_stream(Details(b"/bear.v1.Predictor/PredictStream"))
+    assert not_a_call_stream(Details("/bear.v1.Estimator/Estimate"))
+    assert not_a_call_stream(Details(b"/bear.v1.Router/Route"))
