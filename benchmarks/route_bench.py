@@ -1,9 +1,10 @@
 """Route latency: the router with the estimator and the predictor on loopback, three instances, an open-loop load.
 
 Starts a redis-server, publishes three instances (the paper's Qwen3 pool) with live snapshots as snapshotters would
-(registration, snapshot with eq. 12 coefficients, refreshed every 100 ms by a process of its own), starts `bear serve predictor` (on a small
-predictor trained here on the synthetic corpus) and `bear serve estimator` — or, when their modules are missing or
-with --fakes, one process of constant-answer fakes, and says which — then `bear serve router`, each its own process.
+(registration, snapshot with eq. 12 coefficients, refreshed every 100 ms, from a process of its own), starts `bear
+serve predictor` (on a small predictor trained here on the synthetic corpus) and `bear serve estimator` — or, when
+their modules are missing or with --fakes, one process of constant-answer fakes (with the stream twins), and says
+which — then `bear serve router`, each its own process.
 The load generator (this process, asyncio + uvloop, one channel) sends Route calls with Poisson arrivals and measures
 each call's latency at the client; the router's own `decision_ms` (its answer's field) and the router process's
 CPU time per call are reported beside it.

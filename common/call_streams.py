@@ -9,7 +9,8 @@ id and either the response or the error (`CallError`) the unary method would hav
 out of order: a slow call does not hold up the others.
 
 - Server: `CallStreamServer(answer, result_type, span_name).serve(calls, context)` is the twin's handler; `answer` is
-  the unary method's logic (raising `CallFailed` for an error status). `close()` ends every stream once its calls in
+  the unary method's logic (raising `CallFailed` for an error status), which `answer_unary` serves as the unary
+  method. `close()` ends every stream once its calls in
   flight are answered (at shutdown: the callers open a new stream, to another replica).
 - Client: `CallStream(channel, method, call_type, result_type)` opens the stream on the first call and again after
   it ended; `call(request, timeout_s)` raises `CallFailed` with the status of the call or of the stream.
@@ -39,6 +40,7 @@ logger = logging.getLogger("bear.call_streams")
 
 CALL_STREAM_SUFFIX = "Stream"  # how a stream of calls is named: the unary method's name + "Stream"
 UNARY_RETRY_S = 60.0  # a server without the twin is asked again after this long (it may have been upgraded)
+LATE_TURNS = 4  # loop passes an expired call still waits: its answer may be read, passed on and taken meanwhile
 
 Request = TypeVar("Request")
 Response = TypeVar("Response")
@@ -85,6 +87,14 @@ def _status(name: str) -> grpc.StatusCode:
 
 
 # Server --------------------------------------------------------------------------------------------------------------
+
+async def answer_unary(answer: Awaitable[Response], context: grpc.aio.ServicerContext) -> Response:
+    """The unary method's body over the answer its stream twin uses: `CallFailed` becomes the call's status."""
+    try:
+        return await answer
+    except CallFailed as error:
+        await context.abort(error.code, error.message)
+        raise  # abort() raises: not reached
 
 class CallStreamServer(Generic[Request, Response]):
     """The handler of a stream of calls: each call answered by `answer` (the unary method's logic) in a task of its
@@ -163,6 +173,17 @@ class _OpenStream:
         self.ended: CallFailed | None = None
 
 
+def _expire(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], turns: int) -> None:
+    """A call's deadline: after `turns` more passes of the loop, so that an answer that reached the socket before the
+    deadline, while the loop was busy, is taken (as gRPC's own deadline would: it is the transport's clock)."""
+    if future.done():
+        return
+    if turns > 0:
+        loop.call_soon(_expire, loop, future, turns - 1)
+    else:
+        future.set_exception(CallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
+
+
 class CallStream(Generic[Request, Response]):
     """Calls over one stream of `method`, opened on the first call and again after it ended (the server restarted,
     the connection broke, the server closed it at shutdown). A stream that ends fails its calls in flight with its
@@ -199,10 +220,13 @@ class CallStream(Generic[Request, Response]):
 
     async def _exchange(self, message: _CallMessage, timeout_s: float) -> Response:
         stream = self._stream if self._stream is not None and self._stream.ended is None else self._start()
-        future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        future: asyncio.Future[Response] = loop.create_future()
         stream.pending[message.call_id] = future
+        expiry = loop.call_at(deadline, _expire, loop, future, LATE_TURNS)
         try:
-            async with asyncio.timeout(timeout_s):  # the whole call: a stream still connecting, the write, the answer
+            async with asyncio.timeout_at(deadline):  # a stream still connecting, a write held up
                 try:
                     async with stream.write_lock:
                         if stream.ended is not None:
@@ -213,10 +237,11 @@ class CallStream(Generic[Request, Response]):
                     await asyncio.gather(stream.reader, return_exceptions=True)  # type: ignore[arg-type]
                     raise stream.ended or CallFailed(grpc.StatusCode.UNAVAILABLE,
                                                      "the stream of calls ended") from None
-                return await future
+            return await future
         except TimeoutError:
             raise CallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
         finally:
+            expiry.cancel()
             stream.pending.pop(message.call_id, None)
             if future.done() and not future.cancelled():
                 future.exception()  # retrieved: the stream's end may have failed it after the error raised here

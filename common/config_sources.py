@@ -95,6 +95,18 @@ def env_float(environ: Mapping[str, str], name: str, default: float) -> float:
         raise ValueError(f"{name} must be a number, got {text!r}") from None
 
 
+def env_bool(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    """true/false, also on/off, yes/no, 1/0; empty or unset: `default`."""
+    text = environ.get(name, "").strip().lower()
+    if not text:
+        return default
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be true or false (on or off), got {text!r}")
+
+
 def env_optional_port(environ: Mapping[str, str], name: str, default: int | None) -> int | None:
     """A port number, 0 for any free one, or `off` (also `none`, `false`) for none."""
     text = environ.get(name, "").strip().lower()

@@ -16,6 +16,7 @@ Nothing here imports the Redis client until `connect` (or `connect_async`, for a
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
 from collections.abc import Mapping
@@ -23,14 +24,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from bear.common.config_sources import env_bool
+
 if TYPE_CHECKING:
     import redis
     import redis.asyncio
 
 ENVIRONMENT = ("BEAR_REDIS_URL", "BEAR_REDIS_PASSWORD", "BEAR_REDIS_TLS", "BEAR_REDIS_TLS_CA_FILE",
                "BEAR_REDIS_TLS_CERT_FILE", "BEAR_REDIS_TLS_KEY_FILE", "BEAR_REDIS_TIMEOUT_S", "BEAR_REDIS_EMBEDDED_PATH")
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"", "0", "false", "no", "off"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +69,7 @@ class RedisConfig:
         return RedisConfig(
             url=environ.get("BEAR_REDIS_URL", "").strip(),
             password=environ.get("BEAR_REDIS_PASSWORD") or None,
-            tls=parse_bool(environ.get("BEAR_REDIS_TLS", ""), "BEAR_REDIS_TLS"),
+            tls=env_bool(environ, "BEAR_REDIS_TLS", False),
             tls_ca_file=environ.get("BEAR_REDIS_TLS_CA_FILE") or None,
             tls_cert_file=environ.get("BEAR_REDIS_TLS_CERT_FILE") or None,
             tls_key_file=environ.get("BEAR_REDIS_TLS_KEY_FILE") or None,
@@ -128,10 +129,10 @@ def connect_async(config: RedisConfig) -> redis.asyncio.Redis:
     return redis.asyncio.Redis.from_url(url, **options)
 
 
-def parse_bool(text: str, name: str) -> bool:
-    value = text.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ValueError(f"{name} must be true or false, got {text!r}")
+def honour_cancellation() -> None:
+    """Raises CancelledError in a task that was cancelled: redis-py's asyncio client (8.1) can swallow a cancellation
+    that arrives mid-command, so a loop over Redis calls that catches Redis errors would go on forever. Call it once
+    per pass of such a loop."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

@@ -17,7 +17,7 @@ import redis
 import yaml
 
 from bear.common import redis_keys
-from bear.common.call_streams import CallFailed, CallStreamServer
+from bear.common.call_streams import CallFailed, CallStreamServer, answer_unary
 from bear.v1 import (
     estimator_pb2,
     estimator_pb2_grpc,
@@ -86,11 +86,11 @@ class FakePredictor(predictor_pb2_grpc.PredictorServicer):
     async def Predict(self, request: predictor_pb2.PredictRequest,  # noqa: N802 - the proto's name
                       context: grpc.aio.ServicerContext) -> predictor_pb2.PredictResponse:
         self.metadata.append({k: v for k, v in context.invocation_metadata() or ()})
-        return await _unary(self._answer(request), context)
+        return await answer_unary(self._answer(request), context)
 
     async def PredictStream(self, calls: Any, context: grpc.aio.ServicerContext) -> None:  # noqa: N802
-        await CallStreamServer(self._answer, predictor_pb2.PredictResult,
-                               "/bear.v1.Predictor/PredictStream").serve(_noting_context(calls, self.metadata), context)
+        streams = CallStreamServer(self._answer, predictor_pb2.PredictResult, "/bear.v1.Predictor/PredictStream")
+        await streams.serve(_noting_context(calls, self.metadata), context)
 
     async def _answer(self, request: predictor_pb2.PredictRequest) -> predictor_pb2.PredictResponse:
         self.requests.append(request)
@@ -129,11 +129,11 @@ class FakeEstimator(estimator_pb2_grpc.EstimatorServicer):
     async def Estimate(self, request: estimator_pb2.EstimateRequest,  # noqa: N802 - the proto's name
                        context: grpc.aio.ServicerContext) -> estimator_pb2.EstimateResponse:
         self.metadata.append({k: v for k, v in context.invocation_metadata() or ()})
-        return await _unary(self._answer(request), context)
+        return await answer_unary(self._answer(request), context)
 
     async def EstimateStream(self, calls: Any, context: grpc.aio.ServicerContext) -> None:  # noqa: N802
-        await CallStreamServer(self._answer, estimator_pb2.EstimateResult,
-                               "/bear.v1.Estimator/EstimateStream").serve(_noting_context(calls, self.metadata), context)
+        streams = CallStreamServer(self._answer, estimator_pb2.EstimateResult, "/bear.v1.Estimator/EstimateStream")
+        await streams.serve(_noting_context(calls, self.metadata), context)
 
     async def _answer(self, request: estimator_pb2.EstimateRequest) -> estimator_pb2.EstimateResponse:
         self.requests.append(request)
@@ -159,14 +159,6 @@ async def _behave(behaviour: Behaviour) -> None:
         await asyncio.sleep(behaviour.delay_s)
     if behaviour.fail is not None:
         raise CallFailed(behaviour.fail, "told to fail")
-
-
-async def _unary(answer: Coroutine[Any, Any, T], context: grpc.aio.ServicerContext) -> T:
-    try:
-        return await answer
-    except CallFailed as error:
-        await context.abort(error.code, error.message)
-        raise
 
 
 async def _noting_context(calls: Any, metadata: list[dict[str, str]]) -> Any:

@@ -48,14 +48,16 @@ def span_exporter() -> InMemorySpanExporter:
 class RouterStack:
     def __init__(self, tmp_path: Path, *, register: bool = True, **settings: object) -> None:
         self.tmp_path = tmp_path
-        self.loop = LoopThread()
+        self.loop = LoopThread()  # the router's
+        self.neighbours_loop = LoopThread()  # the fakes', as if in processes of their own
         self.redis_server = RedisServer()
         self.redis_server.start()
         self.redis = redis.Redis.from_url(self.redis_server.url)
         self.predictor = FakePredictor()
         self.estimator = FakeEstimator({i.instance_id: InstanceState(ttft_ms=100.0 * (k + 1), num_running=k)
                                         for k, i in enumerate(THREE_INSTANCES)})
-        self.predictor_server, self.estimator_server = start_fakes(self.loop, self.predictor, self.estimator)
+        self.predictor_server, self.estimator_server = start_fakes(self.neighbours_loop, self.predictor,
+                                                                         self.estimator)
         if register:
             register_instances(self.redis, THREE_INSTANCES)
         self.registry = CollectorRegistry()
@@ -85,6 +87,7 @@ class RouterStack:
         for server in (self.predictor_server, self.estimator_server):
             server.kill()
         self.loop.close()
+        self.neighbours_loop.close()
         self.redis.close()
         self.redis_server.stop()
 

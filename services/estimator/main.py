@@ -124,7 +124,7 @@ async def start(config: EstimatorConfig, clock: Callable[[], float] = time.time)
     from bear.common.service import start_server
 
     service = EstimatorService(config, clock)
-    running = await start_server(service.settings(), service.register, [service.servicer.close_streams])
+    running = await start_server(service.settings(), service.register, [service.servicer.streams.close])
     return StartedEstimator(service, running, asyncio.create_task(service.run_background()))
 
 
@@ -140,7 +140,7 @@ async def serve(config: EstimatorConfig,
                 config.redis.describe(), _remaining_description(config), config.max_snapshot_age_s)
     try:
         await serve_until_stopped(service.settings(), service.register, on_ready, [service.run_background],
-                                  [service.servicer.close_streams])
+                                  [service.servicer.streams.close])
     finally:
         unregister()
         await service.close()

@@ -1,10 +1,11 @@
 """The gRPC face of the estimator (bear.v1.Estimator): thin, over `estimation.Estimator`.
 
 `Estimate` and its stream twin `EstimateStream` (many calls over one stream: how the router calls it, see
-`bear.common.call_streams`) answer alike. Estimate reads only the estimator's memory, which the snapshot feed keeps current on the same event loop: it never
-waits on Redis or the predictor. The dispatches a router sends along (`recent_dispatches`) are recorded first, through
-the feed, as if read from Redis. Bad input is INVALID_ARGUMENT with a message naming the field; an instance id the
-estimator does not know is answered, like one without a snapshot, with method NONE and the reason.
+`bear.common.call_streams`) answer alike. Estimate reads only the estimator's memory, which the snapshot feed keeps
+current on the same event loop: it never waits on Redis or the predictor. The dispatches a router sends along
+(`recent_dispatches`) are recorded first, through the feed, as if read from Redis. Bad input is INVALID_ARGUMENT with
+a message naming the field; an instance id the estimator does not know is answered, like one without a snapshot, with
+method NONE and the reason.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 
 import grpc
 
-from bear.common.call_streams import CallFailed, CallStreamServer
+from bear.common.call_streams import CallFailed, CallStreamServer, answer_unary
 from bear.estimator import metrics
 from bear.estimator.estimation import Estimator
 from bear.estimator.wire import InstanceFacts, InvalidRequest, estimate_call, instance_estimate
@@ -33,23 +34,16 @@ class EstimatorServicer(estimator_pb2_grpc.EstimatorServicer):
         self._clock = clock
         self._record_dispatch = record_dispatch
         self._query_numbers = itertools.count()
-        self._streams = CallStreamServer(self._answer, estimator_pb2.EstimateResult,
-                                         f"/{SERVICE_NAME}/EstimateStream")
+        self.streams = CallStreamServer(self._answer, estimator_pb2.EstimateResult,  # .close() at shutdown
+                                        f"/{SERVICE_NAME}/EstimateStream")
 
     async def Estimate(self, request: estimator_pb2.EstimateRequest,  # noqa: N802 - the proto's name
                        context: grpc.aio.ServicerContext) -> estimator_pb2.EstimateResponse:
-        try:
-            return await self._answer(request)
-        except CallFailed as error:
-            await context.abort(error.code, error.message)
+        return await answer_unary(self._answer(request), context)
 
     async def EstimateStream(self, calls: AsyncIterator[estimator_pb2.EstimateCall],  # noqa: N802
                              context: grpc.aio.ServicerContext) -> None:
-        await self._streams.serve(calls, context)
-
-    async def close_streams(self) -> None:
-        """Ends the open streams of calls once their calls in flight are answered (at shutdown)."""
-        await self._streams.close()
+        await self.streams.serve(calls, context)
 
     async def _answer(self, request: estimator_pb2.EstimateRequest) -> estimator_pb2.EstimateResponse:
         started = time.perf_counter()

@@ -36,6 +36,7 @@ import numpy as np
 from redis.exceptions import RedisError
 
 from bear.common import redis_keys
+from bear.common.redis_config import honour_cancellation
 from bear.core.state import InvalidState
 from bear.estimator.estimation import Calibration, Dispatch, Estimator
 from bear.estimator.lps_tracker import LpsTracker
@@ -130,6 +131,7 @@ class SnapshotFeed:
             except Exception:  # noqa: BLE001 - a bug must not stop the feed: log it, go on
                 logger.exception("estimator feed: %s failed", step.__name__)
                 delay_s = backoff.failed()
+            honour_cancellation()
             if wake is None:
                 await asyncio.sleep(delay_s)
                 continue
@@ -153,8 +155,10 @@ class SnapshotFeed:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if message is not None and message.get("type") == "message":
                         self._receive(message["data"])
+                    honour_cancellation()
             except _REDIS_ERRORS as error:
                 self.stats.subscribed = False
+                honour_cancellation()
                 await asyncio.sleep(self._redis_failed(backoff, "subscription", error))
             finally:
                 self.stats.subscribed = False

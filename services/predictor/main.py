@@ -73,7 +73,8 @@ class PredictorService:
         from bear.common.service import serve_until_stopped
 
         try:
-            await serve_until_stopped(self.settings(), self.register, on_ready, on_stop=[self.servicer.close_streams])
+            await serve_until_stopped(self.settings(), self.register, on_ready,
+                                      on_stop=[self.servicer.streams.close])
         finally:
             self.close()
 
@@ -82,7 +83,7 @@ class PredictorService:
         it with `await running.stop()`, then `close()`."""
         from bear.common.service import start_server
 
-        return await start_server(self.settings(), self.register, [self.servicer.close_streams])
+        return await start_server(self.settings(), self.register, [self.servicer.streams.close])
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)

@@ -3,8 +3,9 @@
 Predict tokenises and runs LightGBM: a short prompt (≤ INLINE_PROMPT_CHARS, ~0.1–0.3 ms of work) on the event loop,
 since a hop to a thread and back costs as much again; a longer one on a small thread pool (the predictor is
 thread-safe) so that the event loop keeps accepting calls. `PredictStream` is Predict's stream twin (many calls over
-one stream: how the router calls it, see `bear.common.call_streams`), answered alike. ExpectedRemaining is a few vectorised table look-ups: it runs on the loop. Bad input is
-INVALID_ARGUMENT with a message naming the field. Every call's latency goes to a histogram by method.
+one stream: how the router calls it, see `bear.common.call_streams`), answered alike. ExpectedRemaining is a few
+vectorised table look-ups: it runs on the loop. Bad input is INVALID_ARGUMENT with a message naming the field. Every
+call's latency goes to a histogram by method.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 from prometheus_client import Counter, Histogram
 
-from bear.common.call_streams import CallFailed, CallStreamServer
+from bear.common.call_streams import CallFailed, CallStreamServer, answer_unary
 
 from bear.predictor.predictor import Predictor
 from bear.predictor.wire import (
@@ -45,22 +46,16 @@ class PredictorServicer(predictor_pb2_grpc.PredictorServicer):
         self._executor = executor
         self._max_prompt_chars = max_prompt_chars
         self._max_remaining_queries = max_remaining_queries
-        self._streams = CallStreamServer(self._predict, predictor_pb2.PredictResult, f"/{SERVICE_NAME}/PredictStream")
+        self.streams = CallStreamServer(self._predict, predictor_pb2.PredictResult,  # .close() at shutdown
+                                        f"/{SERVICE_NAME}/PredictStream")
 
     async def Predict(self, request: predictor_pb2.PredictRequest,  # noqa: N802 - the proto's name
                       context: grpc.aio.ServicerContext) -> predictor_pb2.PredictResponse:
-        try:
-            return await self._predict(request)
-        except CallFailed as error:
-            await context.abort(error.code, error.message)
+        return await answer_unary(self._predict(request), context)
 
     async def PredictStream(self, calls: AsyncIterator[predictor_pb2.PredictCall],  # noqa: N802
                             context: grpc.aio.ServicerContext) -> None:
-        await self._streams.serve(calls, context)
-
-    async def close_streams(self) -> None:
-        """Ends the open streams of calls once their calls in flight are answered (at shutdown)."""
-        await self._streams.close()
+        await self.streams.serve(calls, context)
 
     async def _predict(self, request: predictor_pb2.PredictRequest) -> predictor_pb2.PredictResponse:
         started = time.perf_counter()

@@ -47,7 +47,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from bear.common.config_sources import env_float, env_int, env_optional_port, layered_environ
+from bear.common.config_sources import env_bool, env_float, env_int, env_optional_port, layered_environ
 from bear.common.redis_config import ENVIRONMENT as REDIS_ENVIRONMENT
 from bear.common.redis_config import RedisConfig
 from bear.discovery.config import ENVIRONMENT as DISCOVERY_ENVIRONMENT
@@ -166,7 +166,7 @@ class RouterConfig:
                                                   d.fallback_snapshot_max_age_s),
             ttft_feedback_window=env_int(environ, "BEAR_ROUTER_TTFT_FEEDBACK_WINDOW", d.ttft_feedback_window),
             recent_dispatches_s=_ms(environ, "BEAR_ROUTER_RECENT_DISPATCHES_MS", d.recent_dispatches_s),
-            call_streams=_switch(environ, "BEAR_ROUTER_CALL_STREAMS", d.call_streams),
+            call_streams=env_bool(environ, "BEAR_ROUTER_CALL_STREAMS", d.call_streams),
             shutdown_grace_s=env_float(environ, "BEAR_SHUTDOWN_GRACE_S", d.shutdown_grace_s),
             redis=RedisConfig.from_environ(environ),
             discovery=DiscoveryConfig.from_environ(environ),
@@ -193,17 +193,6 @@ def _policy_params(text: str) -> dict[str, dict[str, Any]]:
 
 def _ms(environ: Mapping[str, str], name: str, default_s: float) -> float:
     return env_float(environ, name, default_s * 1e3) / 1e3
-
-
-def _switch(environ: Mapping[str, str], name: str, default: bool) -> bool:
-    text = environ.get(name, "").strip().lower()
-    if not text:
-        return default
-    if text in ("on", "true", "1", "yes"):
-        return True
-    if text in ("off", "false", "0", "no"):
-        return False
-    raise ValueError(f"{name} must be on or off, got {text!r}")
 
 
 def _require(ok: bool, message: str) -> None:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from bear.common.redis_config import honour_cancellation
 from bear.router.decision import DispatchRecord, Outcome, RouteResult, describe
 from bear.router.pool import InstanceInfo, InstancePool, Registration
 from bear.router.query import InvalidQuery, Limits, RouteQuery, check_prompt_tokens, validate
@@ -350,12 +351,9 @@ class Router:
         await self._recorder.close()
 
     async def refresh_forever(self, interval_s: float) -> None:
-        task = asyncio.current_task()
         while True:
             await self.refresh_instances()
-            # redis-py 8.1's asyncio client can swallow a cancellation that arrives mid-command: honour it here.
-            if task is not None and task.cancelling():
-                raise asyncio.CancelledError
+            honour_cancellation()
             await asyncio.sleep(interval_s)
 
 

@@ -10,15 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import asynccontextmanager
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 import pytest
 
-from bear.common.call_streams import CallFailed, CallStream, CallStreamServer, StreamedMethod, not_a_call_stream
+from bear.common.call_streams import (
+    CallFailed,
+    CallStream,
+    CallStreamServer,
+    StreamedMethod,
+    answer_unary,
+    not_a_call_stream,
+)
 from bear.common.service import ServerSettings, start_server
 from bear.v1 import estimator_pb2, estimator_pb2_grpc
+from tests.service_loop import LoopThread
 
 METHOD = "/bear.v1.Estimator/EstimateStream"
 
@@ -44,11 +53,7 @@ class Servicer(estimator_pb2_grpc.EstimatorServicer):
     async def Estimate(self, request: estimator_pb2.EstimateRequest,  # noqa: N802
                        context: grpc.aio.ServicerContext) -> estimator_pb2.EstimateResponse:
         self.unary_calls += 1
-        try:
-            return await _answer(request)
-        except CallFailed as error:
-            await context.abort(error.code, error.message)
-            raise
+        return await answer_unary(_answer(request), context)
 
     async def EstimateStream(self, calls: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> None:  # noqa: N802
         if not self.streamed:  # as a server of an older version, without the twin
@@ -88,11 +93,22 @@ def run(scenario: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(asyncio.wait_for(scenario(), 60))
 
 
+@asynccontextmanager
+async def connected(grace_s: float = 5.0) -> AsyncIterator[tuple[Server, CallStream[Any, Any]]]:
+    """A server and a stream of calls to it (closed, and the server stopped, at the end)."""
+    server = await Server(Servicer(), grace_s=grace_s).start()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        stream = _stream(channel)
+        try:
+            yield server, stream
+        finally:
+            await stream.close()
+    await server.kill()
+
+
 def test_calls_share_one_stream_and_a_slow_one_does_not_hold_up_the_others() -> None:
     async def scenario() -> None:
-        server = await Server(Servicer()).start()
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-            stream = _stream(channel)
+        async with connected() as (server, stream):
             finished: list[str] = []
 
             async def call(query_id: str) -> None:
@@ -103,17 +119,13 @@ def test_calls_share_one_stream_and_a_slow_one_does_not_hold_up_the_others() -> 
             await asyncio.gather(call("sleep:0.3"), call("sleep:0.05"), *(call(f"quick-{i}") for i in range(20)))
             assert finished[-1] == "sleep:0.3" and len(finished) == 22
             assert server.servicer.opened == 1 and server.servicer.unary_calls == 0
-            await stream.close()
-        await server.kill()
 
     run(scenario)
 
 
 def test_an_error_fails_its_call_only() -> None:
     async def scenario() -> None:
-        server = await Server(Servicer()).start()
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-            stream = _stream(channel)
+        async with connected() as (server, stream):
             with pytest.raises(CallFailed) as failed:
                 await stream.call(_request("fail:INVALID_ARGUMENT"), timeout_s=5)
             assert failed.value.code is grpc.StatusCode.INVALID_ARGUMENT
@@ -123,17 +135,13 @@ def test_an_error_fails_its_call_only() -> None:
             assert failed.value.code is grpc.StatusCode.UNKNOWN and "RuntimeError: boom" in failed.value.message
             assert (await stream.call(_request("fine"), timeout_s=5)).estimates[0].instance_id == "fine"
             assert server.servicer.opened == 1
-            await stream.close()
-        await server.kill()
 
     run(scenario)
 
 
 def test_a_call_past_its_deadline_fails_and_its_late_answer_is_dropped() -> None:
     async def scenario() -> None:
-        server = await Server(Servicer()).start()
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-            stream = _stream(channel)
+        async with connected() as (server, stream):
             started = time.perf_counter()
             with pytest.raises(CallFailed) as failed:
                 await stream.call(_request("sleep:0.5"), timeout_s=0.1)
@@ -142,10 +150,33 @@ def test_a_call_past_its_deadline_fails_and_its_late_answer_is_dropped() -> None
             await asyncio.sleep(0.6)  # the late answer arrives meanwhile: nobody waits for it
             assert (await stream.call(_request("next"), timeout_s=5)).estimates[0].instance_id == "next"
             assert server.servicer.opened == 1
-            await stream.close()
-        await server.kill()
 
     run(scenario)
+
+
+def test_an_answer_that_came_while_the_loop_was_busy_past_the_deadline_is_taken() -> None:
+    # As with gRPC's own deadlines (the transport's clock): a stalled caller does not throw away an answer it has.
+    service_loop = LoopThread()  # the server answers from another thread while the caller's loop is stuck
+    try:
+        server = service_loop.run(Server(Servicer()).start())
+
+        async def scenario() -> None:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                stream = _stream(channel)
+                assert (await stream.call(_request("open"), timeout_s=5)).estimates[0].instance_id == "open"
+                call = asyncio.ensure_future(stream.call(_request("answered"), timeout_s=0.1))
+                await asyncio.sleep(0.02)  # written
+                time.sleep(0.3)  # the loop is busy past the deadline; the answer arrives meanwhile
+                assert (await call).estimates[0].instance_id == "answered"
+                with pytest.raises(CallFailed) as failed:  # one that has no answer by then still expires
+                    await stream.call(_request("sleep:1"), timeout_s=0.1)
+                assert failed.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
+                await stream.close()
+
+        run(scenario)
+        service_loop.run(server.kill())
+    finally:
+        service_loop.close()
 
 
 def test_a_server_that_dies_fails_the_calls_in_flight_at_once_and_a_new_stream_follows_its_restart() -> None:
@@ -208,9 +239,7 @@ def test_a_server_without_the_stream_twin_is_called_unary_and_asked_again_later(
 
 def test_shutdown_answers_the_calls_in_flight_and_ends_the_streams_without_waiting_for_the_grace() -> None:
     async def scenario() -> None:
-        server = await Server(Servicer(), grace_s=5.0).start()
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-            stream = _stream(channel)
+        async with connected(grace_s=5.0) as (server, stream):
             assert (await stream.call(_request("open"), timeout_s=5)).estimates[0].instance_id == "open"
             in_flight = asyncio.ensure_future(stream.call(_request("sleep:0.3"), timeout_s=5))
             await asyncio.sleep(0.05)
@@ -221,7 +250,6 @@ def test_shutdown_answers_the_calls_in_flight_and_ends_the_streams_without_waiti
             assert stopped_s < 2.0  # not the 5 s grace: the open stream was ended once its call was answered
             with pytest.raises(CallFailed):  # the server is gone: a new stream fails, within the deadline
                 await stream.call(_request("after"), timeout_s=1)
-            await stream.close()
 
     run(scenario)
 

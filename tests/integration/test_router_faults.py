@@ -104,6 +104,7 @@ def test_a_hanging_predictor_costs_one_deadline(stack: RouterStack) -> None:
 
 
 def test_everything_down_is_round_robin(stack: RouterStack) -> None:
+    assert not stack.route().degraded  # up, registrations read: then everything goes down
     stack.predictor_server.kill()
     stack.estimator_server.kill()
     stack.redis_server.stop()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bear.common.config_sources import ConfigFileError, env_optional_port, layered_environ
+from bear.common.config_sources import ConfigFileError, env_bool, env_optional_port, layered_environ
 
 KNOWN = ("BEAR_A_S", "BEAR_FLAG", "BEAR_PORT")
 
@@ -43,3 +43,16 @@ def test_a_missing_file_is_named(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("text", "port"), [("", 9464), ("0", 0), ("9000", 9000), ("off", None), ("None", None)])
 def test_an_optional_port(text: str, port: int | None) -> None:
     assert env_optional_port({"P": text}, "P", 9464) == port
+
+
+@pytest.mark.parametrize(("text", "default", "value"), [
+    ("", True, True), ("", False, False), (" On ", False, True), ("true", False, True), ("1", False, True),
+    ("yes", False, True), ("off", True, False), ("FALSE", True, False), ("0", True, False), ("no", True, False)])
+def test_a_switch(text: str, default: bool, value: bool) -> None:
+    assert env_bool({"BEAR_X": text}, "BEAR_X", default) is value
+    assert env_bool({}, "BEAR_X", default) is default
+
+
+def test_a_bad_switch_is_named() -> None:
+    with pytest.raises(ValueError, match=r"BEAR_X must be true or false \(on or off\), got 'maybe'"):
+        env_bool({"BEAR_X": "maybe"}, "BEAR_X", True)

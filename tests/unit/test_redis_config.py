@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 import redis
 
-from bear.common.redis_config import RedisConfig, connect
+from bear.common.redis_config import RedisConfig, connect, honour_cancellation
 
 
 def test_a_url_gives_a_client_with_password_and_deadlines() -> None:
@@ -49,3 +50,26 @@ def test_no_url_starts_an_embedded_redis_shared_by_everyone_naming_its_file(tmp_
 def test_inconsistent_settings_are_refused(settings: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         RedisConfig(**settings)  # type: ignore[arg-type]
+
+
+def test_a_loop_that_swallowed_its_cancellation_still_stops() -> None:
+    passes_left = [500]  # so that the test ends even if the loop did not stop
+
+    async def loop_over_redis() -> None:
+        while passes_left[0] > 0:
+            passes_left[0] -= 1
+            try:
+                await asyncio.sleep(0.01)  # a Redis call
+            except asyncio.CancelledError:  # as redis-py's asyncio client may, mid-command
+                pass
+            honour_cancellation()
+
+    async def scenario() -> None:
+        task = asyncio.create_task(loop_over_redis())
+        await asyncio.sleep(0.02)
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=2.0)
+        passes_left[0] = 0
+        assert task in done and task.cancelled()
+
+    asyncio.run(scenario())

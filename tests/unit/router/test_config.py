@@ -61,7 +61,7 @@ def test_policy_parameters_are_json() -> None:
     ({"BEAR_LAMBDA_PER_MICRO_USD": "-1"}, "BEAR_LAMBDA_PER_MICRO_USD must be >= 0"),
     ({"BEAR_ROUTER_TOKENIZER": "gpt"}, "BEAR_ROUTER_TOKENIZER must be one of qwen, pretokens"),
     ({"BEAR_ROUTER_MAX_TTFT_SLO_MS": "nan"}, "BEAR_ROUTER_MAX_TTFT_SLO_MS must be > 0"),
-    ({"BEAR_ROUTER_CALL_STREAMS": "maybe"}, "BEAR_ROUTER_CALL_STREAMS must be on or off, got 'maybe'"),
+    ({"BEAR_ROUTER_CALL_STREAMS": "maybe"}, r"BEAR_ROUTER_CALL_STREAMS must be true or false \(on or off\), got 'maybe'"),
 ])
 def test_bad_settings_name_the_variable(environ: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
