@@ -10,10 +10,11 @@ out of order: a slow call does not hold up the others.
 
 - Server: `CallStreamServer(answer, result_type, span_name).serve(calls, context)` is the twin's handler; `answer` is
   the unary method's logic (raising `CallFailed` for an error status), which `answer_unary` serves as the unary
-  method. `close()` ends every stream once its calls in
-  flight are answered (at shutdown: the callers open a new stream, to another replica).
+  method. `close()` ends every stream once its calls in flight are answered (at shutdown: the callers open a new
+  stream, to another replica).
 - Client: `CallStream(channel, method, call_type, result_type)` opens the stream on the first call and again after
-  it ended; `call(request, timeout_s)` raises `CallFailed` with the status of the call or of the stream.
+  it ended; `call(request, timeout_s)` raises `CallFailed` with the status of the call or of the stream. A deadline
+  that passes while the loop is busy still takes an answer already read (`_expire`).
   `StreamedMethod` uses the twin and falls back to the unary method where a server has no twin (an older version),
   trying the twin again a minute later.
 
