@@ -100,7 +100,7 @@ def test_a_hanging_predictor_costs_one_deadline(stack: RouterStack) -> None:
     decision = stack.route()
     elapsed_ms = (time.perf_counter() - started) * 1000
     assert decision.degraded and "predictor unavailable (DEADLINE_EXCEEDED" in decision.degraded_reason
-    assert elapsed_ms < 100 + 400  # the 100 ms deadline plus the machinery, not the predictor's 2 s
+    assert elapsed_ms < stack.config.predictor_timeout_s * 1000 + 400  # the deadline + the machinery, not the 2 s
 
 
 def test_everything_down_is_round_robin(stack: RouterStack) -> None:
