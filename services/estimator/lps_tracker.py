@@ -16,6 +16,10 @@ and θ (prefill tokens per second, from the calibration). Over a sliding window 
 Snapshots further apart than `max_gap_s` (the estimator missed some: Redis was down) are not compared. μ and k keep
 their last measured values when the window holds no completion, so that an instance that went quiet still has an
 estimate; α then decays to 0 with the window.
+
+An engine publishes a snapshot per step (a hundred or more a second), so the window holds thousands of intervals:
+their sums are kept as they enter and leave it (integers exact, the float sums re-added from scratch every
+RESUM_EVERY intervals, so that rounding cannot pile up), and α's gap statistics are kept until a time enters or leaves.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from bear.core.lps import LpsParameters, arrival_statistics
 from bear.v1 import snapshot_pb2
 
 MIN_COMPLETIONS = 3  # μ from fewer completions is noise
+RESUM_EVERY = 4096  # intervals expired between two exact re-summations of the window
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +58,11 @@ class LpsTracker:
         self._previous: tuple[float, frozenset[str]] | None = None  # (taken_at_s, running ids) of the last snapshot
         self._service_rate_qps: float | None = None
         self._concurrency: float | None = None
+        self._busy_s = 0.0  # Σ over self._intervals
+        self._running_time = 0.0
+        self._completions = 0
+        self._expired_since_resum = 0
+        self._arrival_scv: tuple[int, int, float] | None = None  # (id of the times list, its length, c_a²)
 
     def observe_snapshot(self, snapshot: snapshot_pb2.InstanceSnapshot) -> None:
         """A newer snapshot of the instance (an older or repeated one is ignored)."""
@@ -68,6 +78,7 @@ class LpsTracker:
             if request.request_id not in self._seen_ids:
                 self._seen_ids.add(request.request_id)
                 bisect.insort(self._arrivals_s, request.arrival_time_s or taken_at)
+                self._arrival_scv = None
         self._seen_ids &= running | waiting  # a request is new once; the set stays as small as the instance
         if previous is None:
             return
@@ -75,13 +86,18 @@ class LpsTracker:
         elapsed = taken_at - before_s
         if elapsed <= self._max_gap_s and before:
             completed = len(before - running - waiting)
-            self._intervals.append(_Interval(taken_at, elapsed, len(before) * elapsed, completed))
+            interval = _Interval(taken_at, elapsed, len(before) * elapsed, completed)
+            self._intervals.append(interval)
+            self._busy_s += interval.busy_s
+            self._running_time += interval.running_time
+            self._completions += interval.completions
         self._expire(taken_at)
         self._measure()
 
     def observe_dispatch(self, dispatched_at_s: float) -> None:
         self._start(dispatched_at_s)
         bisect.insort(self._dispatches_s, dispatched_at_s)
+        self._arrival_scv = None
 
     def parameters(self, prefill_tokens_per_s: float | None, now_s: float) -> LpsParameters | None:
         """The closed form's parameters now, or None while μ, k or θ is unknown."""
@@ -96,21 +112,19 @@ class LpsTracker:
 
     def _measure(self) -> None:
         """μ and k from the window, when it holds enough completions (else they keep their last values)."""
-        busy_s = sum(i.busy_s for i in self._intervals)
-        completions = sum(i.completions for i in self._intervals)
-        if completions >= MIN_COMPLETIONS and busy_s > 0:
-            self._service_rate_qps = completions / busy_s
-            self._concurrency = max(1.0, sum(i.running_time for i in self._intervals) / busy_s)
+        if self._completions >= MIN_COMPLETIONS and self._busy_s > 0:
+            self._service_rate_qps = self._completions / self._busy_s
+            self._concurrency = max(1.0, self._running_time / self._busy_s)
 
     def _arrivals(self, now_s: float) -> tuple[float, float]:
         times = self._dispatches_s or self._arrivals_s
         span_s = min(self._window_s, now_s - (self._started_at_s if self._started_at_s is not None else now_s))
         rate = len(times) / span_s if span_s > 0 else 0.0
-        distinct = sorted(set(times))
-        scv = 1.0
-        if len(distinct) >= 3:
-            _, scv = arrival_statistics(distinct)
-        return rate, scv if math.isfinite(scv) else 1.0
+        if self._arrival_scv is None or self._arrival_scv[:2] != (id(times), len(times)):
+            distinct = sorted(set(times))
+            scv = arrival_statistics(distinct)[1] if len(distinct) >= 3 else 1.0
+            self._arrival_scv = (id(times), len(times), scv if math.isfinite(scv) else 1.0)
+        return rate, self._arrival_scv[2]
 
     def _start(self, at_s: float) -> None:
         if self._started_at_s is None or at_s < self._started_at_s:
@@ -118,7 +132,19 @@ class LpsTracker:
 
     def _expire(self, now_s: float) -> None:
         cutoff = now_s - self._window_s
-        while self._intervals and self._intervals[0].end_s < cutoff:
-            self._intervals.popleft()
+        intervals = self._intervals
+        while intervals and intervals[0].end_s < cutoff:
+            gone = intervals.popleft()
+            self._busy_s -= gone.busy_s
+            self._running_time -= gone.running_time
+            self._completions -= gone.completions
+            self._expired_since_resum += 1
+        if self._expired_since_resum >= RESUM_EVERY or not intervals:
+            self._busy_s = math.fsum(i.busy_s for i in intervals)
+            self._running_time = math.fsum(i.running_time for i in intervals)
+            self._expired_since_resum = 0
         for times in (self._dispatches_s, self._arrivals_s):
-            del times[:bisect.bisect_left(times, cutoff)]
+            expired = bisect.bisect_left(times, cutoff)
+            if expired:
+                del times[:expired]
+                self._arrival_scv = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from bear.estimator.lps_tracker import LpsTracker
@@ -97,3 +99,30 @@ def test_a_quiet_instance_keeps_its_service_rate_while_arrivals_fade() -> None:
     params = tracker.parameters(THETA, now_s=100.0)
     assert params is not None and params.service_rate_qps == pytest.approx(1.0) and params.concurrency == 2.0
     assert params.arrival_rate_qps == 0.0
+
+
+def test_a_long_stream_of_snapshots_gives_what_its_window_alone_gives() -> None:
+    """Many thousands of snapshots a minute (one per engine step): the sums kept as intervals enter and leave the
+    window equal those of a tracker that saw only the snapshots still in it (and one before, to compare against)."""
+    rng = random.Random(7)
+    window_s, steps, step_s = 20.0, 12_000, 0.005
+    snapshots, running, next_id = [], [f"r{i}" for i in range(4)], 4
+    for step in range(steps):
+        if rng.random() < 0.05:  # a request completes, another (or two) starts
+            running.pop(rng.randrange(len(running)))
+            for _ in range(rng.choice((1, 1, 2)) if len(running) < 8 else 0):
+                running.append(f"r{next_id}")
+                next_id += 1
+        snapshots.append(state(step * step_s + rng.uniform(0, 0.002), list(running)))
+    tracker = LpsTracker(window_s=window_s)
+    for s in snapshots:
+        tracker.observe_snapshot(s)
+    now_s = snapshots[-1].taken_at_s
+    fresh = LpsTracker(window_s=window_s)
+    first = next(i for i, s in enumerate(snapshots) if s.taken_at_s >= now_s - window_s)
+    for s in snapshots[first - 1:]:
+        fresh.observe_snapshot(s)
+    kept, recounted = tracker.parameters(THETA, now_s), fresh.parameters(THETA, now_s)
+    assert kept is not None and recounted is not None
+    assert kept.service_rate_qps == pytest.approx(recounted.service_rate_qps, rel=1e-9)
+    assert kept.concurrency == pytest.approx(recounted.concurrency, rel=1e-9)
