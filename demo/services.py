@@ -75,6 +75,12 @@ class ServiceProcess:
     def alive(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
+    @property
+    def pid(self) -> int:
+        if self._process is None:
+            raise RuntimeError(f"bear serve {self.service} has not been started")
+        return self._process.pid
+
     def log_tail(self, lines: int = 30) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

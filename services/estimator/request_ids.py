@@ -12,12 +12,14 @@ Anything else (another endpoint, a simulated instance that uses the router's ids
 
 from __future__ import annotations
 
+import functools
 import re
 
 _COMPLETION = re.compile(r"cmpl-(?P<id>.+?)-\d+(?:-[0-9a-f]{8})?")
 _CHAT = re.compile(r"chatcmpl-(?P<id>.+?)(?:-[0-9a-f]{8})?")
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a resident is looked up in every snapshot of its instance, a step each
 def router_request_id(engine_request_id: str) -> str:
     """`cmpl-r42-0-1a2b3c4d` and `chatcmpl-r42-1a2b3c4d` → `r42`; any other id → itself."""
     match = _CHAT.fullmatch(engine_request_id) or _COMPLETION.fullmatch(engine_request_id)

@@ -203,11 +203,13 @@ class SnapshotFeed:
                 fresh.append(snapshot)
         if not fresh:
             return
-        try:
-            await asyncio.wait_for(self._record_residents_dispatches(fresh, now), self._settings.redis_deadline_s)
-        except _REDIS_ERRORS as error:
-            self.stats.redis_failures += 1
-            logger.debug("dispatch records of residents unavailable: %r", error)
+        wanted = self._residents_without_dispatch(fresh, now)
+        if wanted:  # most snapshots have none: their residents' records were read with an earlier snapshot
+            try:
+                await asyncio.wait_for(self._record_residents_dispatches(wanted, now), self._settings.redis_deadline_s)
+            except _REDIS_ERRORS as error:
+                self.stats.redis_failures += 1
+                logger.debug("dispatch records of residents unavailable: %r", error)
         await self._remaining.resolve(self._resident_rows(fresh))
         for snapshot in fresh:
             self._adopt(snapshot, now)
@@ -260,8 +262,10 @@ class SnapshotFeed:
 
     # Adoption -------------------------------------------------------------------------------------------------------
 
-    async def _record_residents_dispatches(self, snapshots: list[snapshot_pb2.InstanceSnapshot], now: float) -> None:
-        """Reads, in one round trip, the dispatch records of residents the estimator has none for."""
+    def _residents_without_dispatch(self, snapshots: list[snapshot_pb2.InstanceSnapshot], now: float
+                                    ) -> list[tuple[str, str]]:
+        """(instance, request key) of the residents the estimator has no dispatch record for (and has not looked
+        for in the last MISSING_DISPATCH_RETRY_S)."""
         wanted: list[tuple[str, str]] = []
         for snapshot in snapshots:
             instance_id = snapshot.instance_id
@@ -273,8 +277,10 @@ class SnapshotFeed:
                 if now - missing.get(key, -MISSING_DISPATCH_RETRY_S) < MISSING_DISPATCH_RETRY_S:
                     continue
                 wanted.append((instance_id, key))
-        if not wanted:
-            return
+        return wanted
+
+    async def _record_residents_dispatches(self, wanted: list[tuple[str, str]], now: float) -> None:
+        """Reads the dispatch records of `wanted` residents in one round trip."""
         records = await self._client.mget([redis_keys.dispatch_key(key) for _, key in wanted])
         for (instance_id, key), record in zip(wanted, records, strict=True):
             tracked = self._tracked.get(instance_id)  # None: forgotten meanwhile
