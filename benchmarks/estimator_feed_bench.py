@@ -129,8 +129,8 @@ def _published(publisher: subprocess.Popen[str]) -> int:
     path = Path(tempfile.gettempdir()) / f"feed-bench-published-{publisher.pid}"
     for _ in range(100):
         try:
-            return int(path.read_text() or 0)
-        except (OSError, ValueError):
+            return int(path.read_text())
+        except (OSError, ValueError):  # not written yet
             time.sleep(0.01)
     raise SystemExit("the snapshot publisher reports no count")
 
@@ -174,6 +174,7 @@ def _publish(redis_url: str, count: int, residents: int, step_s: float) -> int:
             instance_id=instance_id, pool="bench", model=MODEL, engine=engine, running=requests,
             num_free_blocks=20_000 - 48 * residents, batch_time=coefficients))
     counter = Path(tempfile.gettempdir()) / f"feed-bench-published-{os.getpid()}"
+    staged = counter.with_suffix(".next")
     stopped = False
 
     def stop(signum: int, frame: object) -> None:
@@ -200,7 +201,8 @@ def _publish(redis_url: str, count: int, residents: int, step_s: float) -> int:
                 pipe.publish(redis_keys.SNAPSHOTS_CHANNEL, payload)
             pipe.execute()
             published += len(snapshots)
-            counter.write_text(str(published))
+            staged.write_text(str(published))
+            staged.replace(counter)  # atomically: the reader never sees a half-written count
             time.sleep(max(0.0, started + step * step_s - time.monotonic()))
     finally:
         counter.unlink(missing_ok=True)
