@@ -114,8 +114,10 @@ class StartedEstimator:
     async def stop(self) -> None:
         self._feed_task.cancel()
         await asyncio.gather(self._feed_task, return_exceptions=True)
-        await self.running.stop()
-        await self.service.close()
+        try:
+            await self.running.stop()
+        finally:  # its Redis connections close even if stopping the server failed
+            await self.service.close()
 
 
 async def start(config: EstimatorConfig, clock: Callable[[], float] = time.time) -> StartedEstimator:

@@ -177,8 +177,10 @@ class RunningRouter:
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
-        await self.server.stop()
-        await self.app.close()
+        try:
+            await self.server.stop()
+        finally:  # its Redis connections and channels close even if stopping the server failed
+            await self.app.close()
 
 
 async def start(config: RouterConfig, registry: CollectorRegistry | None = None,
