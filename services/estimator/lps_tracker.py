@@ -62,7 +62,7 @@ class LpsTracker:
         self._running_time = 0.0
         self._completions = 0
         self._expired_since_resum = 0
-        self._arrival_scv: tuple[int, int, float] | None = None  # (id of the times list, its length, c_a²)
+        self._arrival_scv: float | None = None  # c_a² of the arrival times, until one enters or leaves
 
     def observe_snapshot(self, snapshot: snapshot_pb2.InstanceSnapshot) -> None:
         """A newer snapshot of the instance (an older or repeated one is ignored)."""
@@ -120,11 +120,11 @@ class LpsTracker:
         times = self._dispatches_s or self._arrivals_s
         span_s = min(self._window_s, now_s - (self._started_at_s if self._started_at_s is not None else now_s))
         rate = len(times) / span_s if span_s > 0 else 0.0
-        if self._arrival_scv is None or self._arrival_scv[:2] != (id(times), len(times)):
+        if self._arrival_scv is None:
             distinct = sorted(set(times))
             scv = arrival_statistics(distinct)[1] if len(distinct) >= 3 else 1.0
-            self._arrival_scv = (id(times), len(times), scv if math.isfinite(scv) else 1.0)
-        return rate, self._arrival_scv[2]
+            self._arrival_scv = scv if math.isfinite(scv) else 1.0
+        return rate, self._arrival_scv
 
     def _start(self, at_s: float) -> None:
         if self._started_at_s is None or at_s < self._started_at_s:
