@@ -52,7 +52,24 @@ GOOD_CASES: dict[str, tuple[list[str], dict[str, Any]]] = {
                             "metrics": {"scrapeAnnotations": False},
                             "vllm": {"podDisruptionBudget": {"enabled": False}, "preStopSleepSeconds": 0},
                             "redis": {"existingSecret": "bear-redis"}}),
+    "replaced-native-blocks": ([], {"vllm": {
+        "cacheVolume": {"persistentVolumeClaim": {"claimName": "model-cache"}},
+        "readinessProbe": {"tcpSocket": {"port": "http"}},
+        "startupProbe": {"exec": {"command": ["curl", "-sf", "localhost:8000/v1/models"]}, "failureThreshold": 360}}}),
+    "long-names": ([], {"fullnameOverride": "bear-inference-router-production-us-east-1", "pools": [
+        _pool(name="llama-3-1-8b-fp8"), _pool(name="llama-3-1-8b-bf16")]}),
+    "62-character-fullname": ([], {"fullnameOverride": "a" * 58 + "-llm"}),
+    "names-that-look-like-scalars": ([], {"fullnameOverride": "bear", "pools": [
+        _pool(name="8"), _pool(name="32", gpusPerReplica=2, tensorParallelSize=2), _pool(name="on"),
+        _pool(name="null")]}),
+    "tiny-and-huge-prices": ([], {"pools": [_pool(prices={"inputPerMTokens": 1e-7, "outputPerMTokens": 2.5e21})]}),
+    "model-path-ending-in-a-slash": ([], {"pools": [_pool(model="/cache/models/llama-3/")]}),
+    "rediss-url-without-tls-enabled": ([], {"redis": {"enabled": False, "url": "rediss://redis.cache:6380/0",
+                                                      "tls": {"enabled": False, "existingSecret": "redis-ca"}}}),
 }
+# name → (release, namespace) where a case needs its own (others use RELEASE and NAMESPACE)
+RELEASE_AND_NAMESPACE = {"names-that-look-like-scalars": ("123", "2024"),
+                         "release-name-starting-with-a-digit": ("123", NAMESPACE)}
 # name → (values, what the error must say); refused by values.schema.json
 SCHEMA_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
     "unknown-pool-key": ({"pools": [_pool(gpus=2)]}, "additional properties 'gpus'"),
@@ -72,12 +89,33 @@ SCHEMA_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
     "artifact-source": ({"predictor": {"artifact": {"source": "s3"}}}, "source"),
     "pvc-artifact-without-claim": ({"predictor": {"artifact": {"source": "persistentVolumeClaim"}}}, "claimName"),
     "otel-protocol": ({"otel": {"protocol": "http/json"}}, "protocol"),
+    "number-as-image-tag": ({"image": {"tag": 20240101}}, "'/image/tag': got number, want string"),
+    "number-as-pool-image-tag": ({"pools": [_pool(image={"tag": 1.10})]}, "'/pools/0/image/tag': got number"),
+    "fullname-override-over-63-characters": ({"fullnameOverride": "a" * 64}, "fullnameOverride"),
 }
 # name → (values, what the error must say); refused by the templates' own checks
 TEMPLATE_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
     "tensor-parallel-over-gpus": ({"pools": [_pool(gpusPerReplica=2, tensorParallelSize=4)]},
                                   "tensorParallelSize (4) exceeds gpusPerReplica (2)"),
     "duplicate-pool-names": ({"pools": [_pool(name="a"), _pool(name="a")]}, 'the name "a" is used twice'),
+    "tensor-parallel-not-dividing-gpus": ({"pools": [_pool(gpusPerReplica=4, tensorParallelSize=3)]},
+                                          "tensorParallelSize (3) does not divide gpusPerReplica (4)"),
+    "autoscaling-min-over-max": ({"router": {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}}},
+                                 "router.autoscaling: minReplicas (5) exceeds maxReplicas (2)"),
+    "metrics-port-on-a-grpc-port": ({"metrics": {"port": 50052}},
+                                    "estimator.grpcPort and metrics.port are both 50052"),
+    "vllm-port-on-the-sidecar-grpc-port": ({"vllm": {"port": 50071}},
+                                           "vllm.port and vllm.snapshotter.grpcPort are both 50071"),
+    "sidecar-metrics-port-on-the-vllm-port": ({"metrics": {"snapshotterPort": 8000}},
+                                              "metrics.snapshotterPort and vllm.port are both 8000"),
+    "model-path-without-a-name": ({"pools": [_pool(model="/")]}, "pools[p]: set servedModelName"),
+    "client-cert-without-tls-secret": ({"redis": {"enabled": False, "url": "rediss://r:6380", "tls": {
+        "enabled": True, "certKey": "tls.crt", "keyKey": "tls.key"}}}, "keys of redis.tls.existingSecret"),
+    "client-key-without-cert": ({"redis": {"enabled": False, "url": "rediss://r:6380", "tls": {
+        "enabled": True, "existingSecret": "s", "keyKey": "tls.key"}}}, "redis.tls.certKey and redis.tls.keyKey go"),
+    "tls-over-a-unix-socket": ({"redis": {"enabled": False, "url": "unix:///run/redis.sock", "tls": {"enabled": True}}},
+                               "redis.tls.enabled does not apply to the unix:// socket"),
+    "release-name-starting-with-a-digit": ({}, "Service names must start with a letter: set fullnameOverride"),
 }
 
 
@@ -88,10 +126,11 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         pytest.skip("BEAR_HELM_PYTHON is not set (make test sets it to .venv-helm's python)")
     if not Path(python).exists():
         pytest.fail(f"BEAR_HELM_PYTHON={python} does not exist: run `make helm-env` (part of `make setup`)")
-    cases = [{"name": name, "values_files": files, "values": values, "release": RELEASE, "namespace": NAMESPACE}
-             for name, (files, values) in GOOD_CASES.items()]
-    cases += [{"name": name, "values": values, "release": RELEASE, "namespace": NAMESPACE}
+    cases = [{"name": name, "values_files": files, "values": values} for name, (files, values) in GOOD_CASES.items()]
+    cases += [{"name": name, "values": values}
               for name, (values, _) in {**SCHEMA_REFUSALS, **TEMPLATE_REFUSALS}.items()]
+    for case in cases:
+        case["release"], case["namespace"] = RELEASE_AND_NAMESPACE.get(case["name"], (RELEASE, NAMESPACE))
     request = {"chart": str(CHART), "kube_versions": KUBE_VERSIONS, "cases": cases}
     done = subprocess.run([python, str(DRIVER)], input=json.dumps(request), capture_output=True, text=True,
                           check=False, timeout=600)
@@ -155,6 +194,23 @@ def flag(args: list[str], name: str) -> str:
     return args[args.index(name) + 1]
 
 
+def engines(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The vLLM Deployments by pool name."""
+    return {d["metadata"]["labels"]["bear.dev/pool"]: d for d in of_kind(report, "Deployment").values()
+            if d["metadata"]["labels"]["app.kubernetes.io/component"] == "engine"}
+
+
+def pools_file(report: dict[str, Any]) -> dict[str, Any]:
+    """The pools file as BEAR reads it (bear.discovery.pools), by pool name."""
+    config_map = component(report, "ConfigMap", "pools")
+    return {pool.name: pool for pool in parse_pools(yaml.safe_load(config_map["data"]["pools.yaml"]))}
+
+
+def set_fields(block: dict[str, Any]) -> set[str]:
+    """The keys of a native block that are set (null is how Helm values unset a key)."""
+    return {key for key, value in block.items() if value is not None}
+
+
 # --- every values file renders, lints strictly and validates --------------------------------------------------------
 
 
@@ -189,6 +245,40 @@ def test_renders_lints_strictly_and_validates_for_kubernetes(reports: dict[str, 
     assert len(objects(report)) >= 10
 
 
+@pytest.mark.parametrize("case", sorted(GOOD_CASES))
+def test_every_volume_has_one_source_and_every_probe_one_handler(reports: dict[str, Any], case: str) -> None:
+    handlers = {"httpGet", "tcpSocket", "exec", "grpc"}
+    for workload in [*of_kind(reports[case], "Deployment").values(), *of_kind(reports[case], "StatefulSet").values()]:
+        pod = workload["spec"]["template"]["spec"]
+        for volume in pod.get("volumes", []):
+            assert len(set_fields(volume) - {"name"}) == 1, f"{workload['metadata']['name']}: {volume}"
+        for c in pod["containers"]:
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                if probe in c:
+                    assert len(set_fields(c[probe]) & handlers) == 1, f"{c['name']} {probe}: {c[probe]}"
+
+
+@pytest.mark.parametrize("case", sorted(GOOD_CASES))
+def test_object_names_are_unique_and_within_kubernetes_limits(reports: dict[str, Any], case: str) -> None:
+    named = [(o["kind"], o["metadata"]["name"]) for o in objects(reports[case])]
+    assert len(named) == len(set(named))
+    for kind, name in named:
+        assert len(name) <= (52 if kind == "StatefulSet" else 63), name  # 52: the controller-revision-hash label
+        assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?" if kind == "Service" else r"[a-z0-9]([-a-z0-9]*[a-z0-9])?",
+                            name), f"{kind}/{name}"
+
+
+@pytest.mark.parametrize("case", sorted(GOOD_CASES))
+def test_every_pools_file_reads_back_and_selects_exactly_its_pools_pods(reports: dict[str, Any], case: str) -> None:
+    pools, deployments = pools_file(reports[case]), engines(reports[case])
+    assert sorted(pools) == sorted(deployments)
+    for name, pool in pools.items():
+        assert dict(pool.selector) == deployments[name]["spec"]["selector"]["matchLabels"]
+        for other, engine in deployments.items():
+            labels = engine["spec"]["template"]["metadata"]["labels"]
+            assert (pool.selector.items() <= labels.items()) is (other == name)
+
+
 @pytest.mark.parametrize("case", sorted(SCHEMA_REFUSALS))
 def test_the_schema_refuses_bad_values(reports: dict[str, Any], case: str) -> None:
     error = reports[case]["schema_error"]
@@ -207,11 +297,10 @@ def test_the_templates_refuse_what_the_schema_cannot_see(reports: dict[str, Any]
 
 def test_one_vllm_deployment_per_pool_with_its_gpus_parallelism_and_the_plugin(reports: dict[str, Any]) -> None:
     report = reports["example-paper-pools"]
-    engines = {d["metadata"]["labels"]["bear.dev/pool"]: d for d in of_kind(report, "Deployment").values()
-               if d["metadata"]["labels"]["app.kubernetes.io/component"] == "engine"}
-    assert sorted(engines) == sorted(PAPER_POOLS)
+    deployments = engines(report)
+    assert sorted(deployments) == sorted(PAPER_POOLS)
     for pool, (model, gpus, tensor_parallel, input_price, output_price) in PAPER_POOLS.items():
-        vllm = container(engines[pool], "vllm")
+        vllm = container(deployments[pool], "vllm")
         assert vllm["command"] == ["vllm", "serve"] and vllm["args"][0] == model
         assert vllm["resources"]["limits"]["nvidia.com/gpu"] == gpus
         assert vllm["resources"]["requests"]["nvidia.com/gpu"] == gpus
@@ -223,12 +312,12 @@ def test_one_vllm_deployment_per_pool_with_its_gpus_parallelism_and_the_plugin(r
         assert [flag(args, f) for f in ("--max-num-batched-tokens", "--max-num-seqs", "--block-size",
                                         "--gpu-memory-utilization", "--max-model-len")] == [
             "8192", "1024", "16", "0.9", "40960"]
-        sidecar = env(container(engines[pool], "snapshotter"))
+        sidecar = env(container(deployments[pool], "snapshotter"))
         assert (sidecar["BEAR_POOL"], sidecar["BEAR_MODEL"]) == (pool, model.split("/")[-1])
         assert (float(sidecar["BEAR_INPUT_USD_PER_MTOK"]), float(sidecar["BEAR_OUTPUT_USD_PER_MTOK"])) == (
             input_price, output_price)
         assert env(vllm)["BEAR_SNAPSHOT_REGION"] == sidecar["BEAR_SNAPSHOT_REGION"]
-        assert engines[pool]["spec"]["template"]["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
+        assert deployments[pool]["spec"]["template"]["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
     budgets = [p["metadata"]["labels"] for p in of_kind(report, "PodDisruptionBudget").values()]
     assert sorted(b["bear.dev/pool"] for b in budgets if b["app.kubernetes.io/component"] == "engine") == sorted(
         PAPER_POOLS)
@@ -241,8 +330,7 @@ def test_the_plugin_classes_named_by_the_chart_exist() -> None:
 
 
 def test_a_cpu_pool_gets_no_gpu_the_synchronous_plugin_and_vllms_own_defaults(reports: dict[str, Any]) -> None:
-    (engine,) = [d for d in of_kind(reports["example-cpu-kind"], "Deployment").values()
-                 if d["metadata"]["labels"]["app.kubernetes.io/component"] == "engine"]
+    (engine,) = engines(reports["example-cpu-kind"]).values()
     vllm = container(engine, "vllm")
     assert "nvidia.com/gpu" not in vllm["resources"]["limits"] and "nvidia.com/gpu" not in vllm["resources"]["requests"]
     assert flag(vllm["args"], "--scheduler-cls") == "bear.snapshotter.plugin.SnapshotScheduler"
@@ -251,10 +339,64 @@ def test_a_cpu_pool_gets_no_gpu_the_synchronous_plugin_and_vllms_own_defaults(re
     assert engine["spec"]["replicas"] == 2 and vllm["args"][-3:] == ["--enforce-eager", "--dtype", "bfloat16"]
 
 
+def test_async_scheduling_is_passed_to_vllm_either_way(reports: dict[str, Any]) -> None:
+    """vLLM's own default (None) turns async scheduling on with CUDA: the chart always says which the plugin expects."""
+    for case, flag_given, plugin in (("example-paper-pools", "--async-scheduling", "AsyncSnapshotScheduler"),
+                                     ("example-cpu-kind", "--no-async-scheduling", "SnapshotScheduler")):
+        for engine in engines(reports[case]).values():
+            args = container(engine, "vllm")["args"]
+            assert [a for a in args if a.endswith("async-scheduling")] == [flag_given]
+            assert flag(args, "--scheduler-cls") == f"bear.snapshotter.plugin.{plugin}"
+
+
+def test_a_probe_or_cache_volume_in_the_values_replaces_the_default(reports: dict[str, Any]) -> None:
+    def vllm_pod(case: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        (engine,) = engines(reports[case]).values()
+        volumes = {v["name"]: v for v in engine["spec"]["template"]["spec"]["volumes"]}
+        return container(engine, "vllm"), volumes["cache"]
+
+    vllm, cache = vllm_pod("default")
+    assert cache == {"name": "cache", "emptyDir": {"sizeLimit": "200Gi"}}
+    assert vllm["readinessProbe"] == {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5,
+                                      "failureThreshold": 3}
+    vllm, cache = vllm_pod("replaced-native-blocks")
+    assert cache == {"name": "cache", "persistentVolumeClaim": {"claimName": "model-cache"}}
+    assert vllm["readinessProbe"] == {"tcpSocket": {"port": "http"}, "periodSeconds": 5, "failureThreshold": 3}
+    assert vllm["startupProbe"] == {"exec": {"command": ["curl", "-sf", "localhost:8000/v1/models"]},
+                                    "periodSeconds": 10, "failureThreshold": 360}
+    assert vllm["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}  # not overridden
+    for engine in engines(reports["example-paper-pools"]).values():  # the example keeps weights on a claim
+        (cache,) = [v for v in engine["spec"]["template"]["spec"]["volumes"] if v["name"] == "cache"]
+        assert cache == {"name": "cache", "persistentVolumeClaim": {"claimName": "model-cache"}}
+
+
+def test_names_that_yaml_would_read_as_numbers_or_booleans_stay_strings(reports: dict[str, Any]) -> None:
+    report = reports["names-that-look-like-scalars"]
+    assert sorted(pools_file(report)) == ["32", "8", "null", "on"]
+    for o in objects(report):
+        assert o["metadata"]["namespace"] == "2024"
+        assert o["metadata"]["labels"]["app.kubernetes.io/instance"] == "123"
+    for name, engine in engines(report).items():
+        assert engine["spec"]["template"]["metadata"]["labels"]["bear.dev/pool"] == name
+        assert env(container(engine, "snapshotter"))["BEAR_POOL"] == name
+
+
+def test_prices_of_any_size_reach_the_pools_file_and_the_sidecar_as_numbers(reports: dict[str, Any]) -> None:
+    report = reports["tiny-and-huge-prices"]
+    (pool,) = pools_file(report).values()
+    assert (pool.input_usd_per_mtok, pool.output_usd_per_mtok) == (1e-7, 2.5e21)
+    sidecar = env(container(engines(report)["p"], "snapshotter"))
+    assert (float(sidecar["BEAR_INPUT_USD_PER_MTOK"]), float(sidecar["BEAR_OUTPUT_USD_PER_MTOK"])) == (1e-7, 2.5e21)
+
+
+def test_a_model_path_ending_in_a_slash_is_named_by_its_last_directory(reports: dict[str, Any]) -> None:
+    report = reports["model-path-ending-in-a-slash"]
+    assert pools_file(report)["p"].model == "llama-3"
+    assert flag(container(engines(report)["p"], "vllm")["args"], "--served-model-name") == "llama-3"
+
+
 def test_the_sidecar_shares_a_memory_backed_dev_shm_with_vllm(reports: dict[str, Any]) -> None:
-    for engine in of_kind(reports["example-paper-pools"], "Deployment").values():
-        if engine["metadata"]["labels"]["app.kubernetes.io/component"] != "engine":
-            continue
+    for engine in engines(reports["example-paper-pools"]).values():
         pod = engine["spec"]["template"]["spec"]
         shm = [v["name"] for v in pod["volumes"] if v.get("emptyDir", {}).get("medium") == "Memory"]
         assert len(shm) == 1
@@ -268,25 +410,15 @@ def test_the_sidecar_shares_a_memory_backed_dev_shm_with_vllm(reports: dict[str,
         assert sidecar["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
 
 
-def test_the_pools_file_describes_every_pool_and_selects_exactly_its_pods(reports: dict[str, Any]) -> None:
-    report = reports["example-paper-pools"]
-    (config_map,) = [c for c in of_kind(report, "ConfigMap").values()
-                     if c["metadata"]["labels"]["app.kubernetes.io/component"] == "pools"]
-    pools = {pool.name: pool for pool in parse_pools(yaml.safe_load(config_map["data"]["pools.yaml"]))}
+def test_the_pools_file_describes_every_pool(reports: dict[str, Any]) -> None:
+    """What each pool serves and costs; that its selector picks exactly its pods is checked for every case above."""
+    pools = pools_file(reports["example-paper-pools"])
     assert sorted(pools) == sorted(PAPER_POOLS)
-    engines = {d["metadata"]["labels"]["bear.dev/pool"]: d for d in of_kind(report, "Deployment").values()
-               if d["metadata"]["labels"]["app.kubernetes.io/component"] == "engine"}
     for name, (model, _, _, input_price, output_price) in PAPER_POOLS.items():
         pool = pools[name]
         assert (pool.model, pool.input_usd_per_mtok, pool.output_usd_per_mtok) == (
             model.split("/")[-1], input_price, output_price)
         assert (pool.http_port, pool.snapshotter_grpc_port) == (8000, 50071)
-        pod_labels = engines[name]["spec"]["template"]["metadata"]["labels"]
-        assert dict(pool.selector) == engines[name]["spec"]["selector"]["matchLabels"]
-        assert pool.selector.items() <= pod_labels.items()
-        for other, engine in engines.items():  # no pool's selector picks another pool's pods
-            labels = engine["spec"]["template"]["metadata"]["labels"]
-            assert (pool.selector.items() <= labels.items()) is (other == name)
 
 
 # --- the services -----------------------------------------------------------------------------------------------------
@@ -417,6 +549,40 @@ def test_an_external_redis_gets_its_password_from_a_secret_and_tls_files_mounted
         assert [settings[f"BEAR_REDIS_TLS_{kind}_FILE"] for kind in ("CA", "CERT", "KEY")] == [
             "/etc/bear/redis-tls/ca.crt", "/etc/bear/redis-tls/tls.crt", "/etc/bear/redis-tls/tls.key"]
         assert {"name": "redis-tls", "mountPath": "/etc/bear/redis-tls", "readOnly": True} in c["volumeMounts"]
+
+
+def test_a_rediss_url_means_tls_with_the_secrets_ca_even_without_tls_enabled(reports: dict[str, Any]) -> None:
+    report = reports["rediss-url-without-tls-enabled"]
+    redis_clients = [c for d in of_kind(report, "Deployment").values() for c in d["spec"]["template"]["spec"]
+                     ["containers"] if c["name"] not in ("vllm", "predictor")]
+    assert len(redis_clients) == 3  # router, estimator, one snapshotter
+    for c in redis_clients:
+        settings = env(c)
+        assert settings["BEAR_REDIS_TLS"] == "true"
+        assert settings["BEAR_REDIS_TLS_CA_FILE"] == "/etc/bear/redis-tls/ca.crt"
+        assert "BEAR_REDIS_TLS_CERT_FILE" not in settings
+        assert {"name": "redis-tls", "mountPath": "/etc/bear/redis-tls", "readOnly": True} in c["volumeMounts"]
+
+
+def test_long_names_are_cut_to_63_characters_with_a_hash_and_short_ones_kept(reports: dict[str, Any]) -> None:
+    short = reports["default"]
+    assert sorted(engines(short)) == ["default"] and engines(short)["default"]["metadata"]["name"] == \
+        f"{RELEASE}-bear-engine-default"
+    assert {s["metadata"]["name"] for s in of_kind(short, "Service").values()} == {
+        f"{RELEASE}-bear-{name}" for name in ("router", "estimator", "predictor", "redis")}
+    names = {d["metadata"]["name"] for d in engines(reports["long-names"]).values()}  # both 67 characters uncut
+    assert len(names) == 2
+    for name in names:
+        assert name.startswith("bear-inference-router-production-us-east-1-engine-llam")
+        assert len(name) == 63 and re.search(r"-[0-9a-f]{8}$", name)
+    long_fullname = reports["62-character-fullname"]
+    services = {s["metadata"]["labels"]["app.kubernetes.io/component"]: s["metadata"]["name"]
+                for s in of_kind(long_fullname, "Service").values()}
+    assert len(set(services.values())) == 4
+    router = env(container(component(long_fullname, "Deployment", "router"), "router"))
+    assert router["BEAR_REDIS_URL"] == f"redis://{services['redis']}:6379/0"
+    assert router["BEAR_ESTIMATOR_ADDRESS"] == f"{services['estimator']}:50052"
+    assert component(long_fullname, "StatefulSet", "redis")["spec"]["serviceName"] == services["redis"]
 
 
 def test_the_bundled_redis_takes_the_password_from_the_secret_too(reports: dict[str, Any]) -> None:

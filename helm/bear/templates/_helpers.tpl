@@ -4,33 +4,47 @@
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* A name of at most `max` characters (63 for most objects) that stays unique: a longer one keeps its beginning
+and ends in a hash of the whole, so two long names with the same first characters still differ. A short name is
+kept as it is. (dict "name" $name "max" 63) */}}
+{{- define "bear.boundedName" -}}
+{{- if le (len .name) (int .max) -}}
+{{- .name -}}
+{{- else -}}
+{{- printf "%s-%s" (trunc (sub (int .max) 9 | int) .name | trimSuffix "-") (sha256sum .name | trunc 8) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "bear.fullname" -}}
-{{- if .Values.fullnameOverride -}}
-{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
-{{- else -}}
 {{- $name := default .Chart.Name .Values.nameOverride -}}
-{{- if contains $name .Release.Name -}}
-{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
-{{- else -}}
-{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- $full := .Values.fullnameOverride -}}
+{{- if not $full -}}
+{{- $full = ternary .Release.Name (printf "%s-%s" .Release.Name $name) (contains $name .Release.Name) -}}
 {{- end -}}
-{{- end -}}
+{{- include "bear.boundedName" (dict "name" $full "max" 63) -}}
 {{- end -}}
 
 {{/* A component's resource name: (dict "root" $ "component" "router") */}}
 {{- define "bear.componentName" -}}
-{{- printf "%s-%s" (include "bear.fullname" .root) .component | trunc 63 | trimSuffix "-" -}}
+{{- include "bear.boundedName" (dict "name" (printf "%s-%s" (include "bear.fullname" .root) .component) "max" 63) -}}
 {{- end -}}
 
 {{/* A pool's resource name: (dict "root" $ "pool" $pool) */}}
 {{- define "bear.poolName" -}}
-{{- printf "%s-engine-%s" (include "bear.fullname" .root) .pool.name | trunc 63 | trimSuffix "-" -}}
+{{- include "bear.boundedName" (dict "name" (printf "%s-engine-%s" (include "bear.fullname" .root) .pool.name) "max" 63) -}}
 {{- end -}}
 
+{{/* The bundled Redis's StatefulSet and Service: at most 52 characters, since the StatefulSet controller labels its
+pods with `controller-revision-hash: <name>-<10-character hash>`, a label value of at most 63. */}}
+{{- define "bear.redisName" -}}
+{{- include "bear.boundedName" (dict "name" (printf "%s-redis" (include "bear.fullname" .)) "max" 52) -}}
+{{- end -}}
+
+{{/* Label values are quoted: a release or pool named 123, on or null is still a string. */}}
 {{- define "bear.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "bear.name" .root }}
-app.kubernetes.io/instance: {{ .root.Release.Name }}
-app.kubernetes.io/component: {{ .component }}
+app.kubernetes.io/name: {{ include "bear.name" .root | quote }}
+app.kubernetes.io/instance: {{ .root.Release.Name | quote }}
+app.kubernetes.io/component: {{ .component | quote }}
 {{- end -}}
 
 {{/* Labels of every object: (dict "root" $ "component" "router") */}}
@@ -39,13 +53,19 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
 {{ include "bear.selectorLabels" . }}
 app.kubernetes.io/part-of: bear
 app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service | quote }}
 {{- end -}}
 
 {{/* The labels that select a pool's pods (also written into the pools file for discovery). */}}
 {{- define "bear.poolSelectorLabels" -}}
 {{ include "bear.selectorLabels" (dict "root" .root "component" "engine") }}
-bear.dev/pool: {{ .pool.name }}
+bear.dev/pool: {{ .pool.name | quote }}
+{{- end -}}
+
+{{/* Labels of a pool's objects (Deployment, pods, PodDisruptionBudget): (dict "root" $ "pool" $pool) */}}
+{{- define "bear.poolLabels" -}}
+{{ include "bear.labels" (dict "root" .root "component" "engine") }}
+bear.dev/pool: {{ .pool.name | quote }}
 {{- end -}}
 
 {{- define "bear.serviceAccountName" -}}
@@ -56,19 +76,44 @@ bear.dev/pool: {{ .pool.name }}
 {{- end -}}
 {{- end -}}
 
-{{/* "repository:tag" with the tag defaulting to the appVersion: (dict "root" $ "image" $image) */}}
+{{/* "repository:tag" with the tag (a string, by the schema) defaulting to the appVersion: (dict "root" $ "image" $image) */}}
 {{- define "bear.imageRef" -}}
-{{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion (toString (default "" .image.tag))) -}}
+{{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) -}}
 {{- end -}}
 
-{{/* The name BEAR and clients know a pool's model by. */}}
+{{/* The name BEAR and clients know a pool's model by: servedModelName, else the last component of the model's path. */}}
 {{- define "bear.servedModelName" -}}
-{{- default (last (splitList "/" .model)) .servedModelName -}}
+{{- $name := default (last (splitList "/" (trimSuffix "/" .model))) .servedModelName -}}
+{{- required (printf "pools[%s]: set servedModelName, model %q has no last path component to name it by" .name .model) $name -}}
+{{- end -}}
+
+{{/* A vLLM probe: the values' block, with the default handler (GET /health on the `http` port) only if the block
+names none, so that a handler given in the values replaces the default instead of joining it. A block set to null
+renders as null: no probe. */}}
+{{- define "bear.vllmProbe" -}}
+{{- if . -}}
+{{- $probe := deepCopy . -}}
+{{- if not (or .httpGet .tcpSocket .exec .grpc) -}}
+{{- $_ := set $probe "httpGet" (dict "path" "/health" "port" "http") -}}
+{{- end -}}
+{{- toYaml $probe -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A number (a price) as text that both YAML 1.1 (PyYAML, the pools file's reader) and Python's float() read back as
+that number: Go writes 1e-07, which YAML 1.1 takes for a string until its mantissa has a dot (1.0e-07). */}}
+{{- define "bear.yamlNumber" -}}
+{{- $text := toString . -}}
+{{- if and (contains "e" $text) (not (contains "." $text)) -}}
+{{- replace "e" ".0e" $text -}}
+{{- else -}}
+{{- $text -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "bear.redisUrl" -}}
 {{- if .Values.redis.enabled -}}
-{{- printf "redis://%s:6379/0" (include "bear.componentName" (dict "root" . "component" "redis")) -}}
+{{- printf "redis://%s:6379/0" (include "bear.redisName" .) -}}
 {{- else -}}
 {{- required "redis.url is required when redis.enabled is false" .Values.redis.url -}}
 {{- end -}}
@@ -94,6 +139,13 @@ bear.dev/pool: {{ .pool.name }}
       fieldPath: spec.nodeName
 {{- end -}}
 
+{{/* "true" when BEAR talks TLS to Redis: redis.tls.enabled, or a rediss:// URL (as bear.common.redis_config reads it). */}}
+{{- define "bear.redisUsesTls" -}}
+{{- if or .Values.redis.tls.enabled (hasPrefix "rediss://" (include "bear.redisUrl" .)) -}}
+true
+{{- end -}}
+{{- end -}}
+
 {{/* Redis settings of every BEAR container (bear.common.redis_config). */}}
 {{- define "bear.redisEnv" -}}
 {{- $redis := .Values.redis -}}
@@ -108,7 +160,7 @@ bear.dev/pool: {{ .pool.name }}
       name: {{ $redis.existingSecret }}
       key: {{ $redis.existingSecretPasswordKey }}
 {{- end }}
-{{- if $redis.tls.enabled }}
+{{- if include "bear.redisUsesTls" . }}
 - name: BEAR_REDIS_TLS
   value: "true"
 {{- if $redis.tls.existingSecret }}
@@ -118,7 +170,7 @@ bear.dev/pool: {{ .pool.name }}
 - name: BEAR_REDIS_TLS_CERT_FILE
   value: {{ printf "/etc/bear/redis-tls/%s" $redis.tls.certKey | quote }}
 - name: BEAR_REDIS_TLS_KEY_FILE
-  value: {{ printf "/etc/bear/redis-tls/%s" (required "redis.tls.keyKey is required with redis.tls.certKey" $redis.tls.keyKey) | quote }}
+  value: {{ printf "/etc/bear/redis-tls/%s" $redis.tls.keyKey | quote }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -155,7 +207,7 @@ bear.dev/pool: {{ .pool.name }}
 {{- end -}}
 
 {{- define "bear.redisTlsVolume" -}}
-{{- if and .Values.redis.tls.enabled .Values.redis.tls.existingSecret -}}
+{{- if and (include "bear.redisUsesTls" .) .Values.redis.tls.existingSecret -}}
 - name: redis-tls
   secret:
     secretName: {{ .Values.redis.tls.existingSecret }}
@@ -163,7 +215,7 @@ bear.dev/pool: {{ .pool.name }}
 {{- end -}}
 
 {{- define "bear.redisTlsMount" -}}
-{{- if and .Values.redis.tls.enabled .Values.redis.tls.existingSecret -}}
+{{- if and (include "bear.redisUsesTls" .) .Values.redis.tls.existingSecret -}}
 - name: redis-tls
   mountPath: /etc/bear/redis-tls
   readOnly: true
@@ -183,19 +235,68 @@ bear.dev/pool: {{ .pool.name }}
 {{- end -}}
 {{- end -}}
 
+{{/* Ports that share a pod's network must differ: (dict "pod" "the vLLM pods" "ports" (dict "vllm.port" 8000 ...)) */}}
+{{- define "bear.checkDistinctPorts" -}}
+{{- $fieldOf := dict -}}
+{{- range $field, $port := .ports -}}
+{{- $key := toString $port -}}
+{{- if hasKey $fieldOf $key -}}
+{{- fail (printf "%s and %s are both %s: they share %s, so their ports must differ" (index $fieldOf $key) $field $key $.pod) -}}
+{{- end -}}
+{{- $_ := set $fieldOf $key $field -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Checks that templates cannot leave to the schema. */}}
 {{- define "bear.validate" -}}
-{{- if and .Values.redis.enabled .Values.redis.tls.enabled -}}
-{{- fail "redis.tls applies to an external Redis: set redis.enabled=false and redis.url" -}}
+{{- $fullname := include "bear.fullname" . -}}
+{{- if not (regexMatch "^[a-z]" $fullname) -}}
+{{- fail (printf "the resource names start with %q, but Service names must start with a letter: set fullnameOverride" $fullname) -}}
 {{- end -}}
+{{- include "bear.validateRedis" . -}}
 {{- $names := list -}}
 {{- range .Values.pools -}}
 {{- if has .name $names -}}
 {{- fail (printf "pools: the name %q is used twice" .name) -}}
 {{- end -}}
 {{- $names = append $names .name -}}
-{{- if and (gt (int .gpusPerReplica) 0) (gt (int (default 1 .tensorParallelSize)) (int .gpusPerReplica)) -}}
+{{- $gpus := int .gpusPerReplica -}}
+{{- $tensorParallel := int (default 1 .tensorParallelSize) -}}
+{{- if and (gt $gpus 0) (gt $tensorParallel $gpus) -}}
 {{- fail (printf "pools[%s]: tensorParallelSize (%v) exceeds gpusPerReplica (%v)" .name .tensorParallelSize .gpusPerReplica) -}}
 {{- end -}}
+{{- if and (gt $gpus 0) (ne (mod $gpus $tensorParallel) 0) -}}
+{{- fail (printf "pools[%s]: tensorParallelSize (%v) does not divide gpusPerReplica (%v)" .name .tensorParallelSize .gpusPerReplica) -}}
+{{- end -}}
+{{- end -}}
+{{- $enginePorts := dict "vllm.port" .Values.vllm.port "vllm.snapshotter.grpcPort" .Values.vllm.snapshotter.grpcPort
+  "metrics.snapshotterPort" .Values.metrics.snapshotterPort -}}
+{{- include "bear.checkDistinctPorts" (dict "pod" "the vLLM pods" "ports" $enginePorts) -}}
+{{- range $component := list "router" "estimator" "predictor" -}}
+{{- $values := index $.Values $component -}}
+{{- $ports := dict (printf "%s.grpcPort" $component) $values.grpcPort "metrics.port" $.Values.metrics.port -}}
+{{- include "bear.checkDistinctPorts" (dict "pod" (printf "the %s's pods" $component) "ports" $ports) -}}
+{{- $autoscaling := $values.autoscaling -}}
+{{- if and $autoscaling.enabled (gt (int $autoscaling.minReplicas) (int $autoscaling.maxReplicas)) -}}
+{{- fail (printf "%s.autoscaling: minReplicas (%v) exceeds maxReplicas (%v)" $component $autoscaling.minReplicas $autoscaling.maxReplicas) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Redis settings that contradict each other or would be silently ignored (part of bear.validate). */}}
+{{- define "bear.validateRedis" -}}
+{{- $redis := .Values.redis -}}
+{{- $tls := $redis.tls -}}
+{{- if and $redis.enabled $tls.enabled -}}
+{{- fail "redis.tls applies to an external Redis: set redis.enabled=false and redis.url" -}}
+{{- end -}}
+{{- if and (not $redis.enabled) $tls.enabled (hasPrefix "unix://" $redis.url) -}}
+{{- fail (printf "redis.tls.enabled does not apply to the unix:// socket of redis.url (%s)" $redis.url) -}}
+{{- end -}}
+{{- if ne (empty $tls.certKey) (empty $tls.keyKey) -}}
+{{- fail "redis.tls.certKey and redis.tls.keyKey go together (the client certificate and its key)" -}}
+{{- end -}}
+{{- if and $tls.certKey (not $tls.existingSecret) -}}
+{{- fail "redis.tls.certKey and redis.tls.keyKey are keys of redis.tls.existingSecret: set it to the Secret that holds them" -}}
 {{- end -}}
 {{- end -}}
