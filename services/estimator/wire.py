@@ -12,6 +12,10 @@ from bear.estimator.estimation import Dispatch, Method, TtftEstimate
 from bear.v1 import calibration_pb2, estimator_pb2, router_pb2
 
 MAX_OUTPUT_TOKENS = 1 << 24  # a predicted length beyond this is an error, not a prediction
+# One call may not hold the event loop (every Estimate and the snapshot feed share it) for long: 100,000 ids took
+# ~0.6 s to answer, and the router's calls behind it timed out.
+MAX_INSTANCE_IDS = 4096
+MAX_RECENT_DISPATCHES = 1024  # a router sends its last 32 (bear.router.router)
 
 _METHODS = {
     Method.REPLAY: estimator_pb2.ESTIMATE_METHOD_REPLAY,
@@ -48,6 +52,11 @@ def estimate_call(request: estimator_pb2.EstimateRequest, default_query_id: str)
         raise InvalidRequest(f"predicted_output_tokens must be a number in [0, {MAX_OUTPUT_TOKENS}], got {output!r}")
     if not (math.isfinite(request.horizon_ms) and request.horizon_ms >= 0):
         raise InvalidRequest(f"horizon_ms must be a finite number >= 0, got {request.horizon_ms!r}")
+    if len(request.instance_ids) > MAX_INSTANCE_IDS:
+        raise InvalidRequest(f"instance_ids: {len(request.instance_ids)} ids, more than the limit of {MAX_INSTANCE_IDS}")
+    if len(request.recent_dispatches) > MAX_RECENT_DISPATCHES:
+        raise InvalidRequest(f"recent_dispatches: {len(request.recent_dispatches)} records, more than the limit of "
+                             f"{MAX_RECENT_DISPATCHES}")
     if any(not instance_id for instance_id in request.instance_ids):
         raise InvalidRequest("instance_ids must not contain an empty id")
     query = Query(request.query_id or default_query_id, request.prompt_tokens, max(1, round(output)))

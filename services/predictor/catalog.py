@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bear.common.messages import shown
+
 TOKENS_PER_MTOK = 1_000_000
 DEFAULT_TOKENIZER = "qwen"
 
@@ -81,7 +83,7 @@ class Catalog:
         for model in self.models:
             if model.name == name:
                 return model
-        raise UnknownModelError(f"unknown model {name!r}; the catalogue has {', '.join(self.names)}")
+        raise UnknownModelError(f"unknown model {shown(name)}; the catalogue has {', '.join(self.names)}")
 
     def index(self, name: str) -> int:
         """The model's categorical id."""

@@ -40,7 +40,7 @@ def predict_arguments(request: predictor_pb2.PredictRequest, catalog: Catalog,
         raise InvalidRequest("prompt is empty")
     if len(request.prompt) > max_prompt_chars:
         raise InvalidRequest(f"prompt has {len(request.prompt)} characters; at most {max_prompt_chars} are accepted")
-    models = list(request.models)
+    models = list(dict.fromkeys(request.models))  # a model named twice is predicted once
     for index, model in enumerate(models):
         _known_model(catalog, model, f"models[{index}]")
     return request.prompt, models or None

@@ -9,9 +9,12 @@
         router.report_outcome(decision.request_id, observed_ttft_ms=312.0, output_tokens=180, observed_e2e_ms=2900)
 
 `AsyncRouterClient` has the same methods as coroutines. Replies are the bear.v1 messages (`RouteDecision`,
-`OutcomeAck`). Every call has a deadline (`timeout_s`, per client and per call). Errors:
+`OutcomeAck`). Every call has a deadline (`timeout_s`, per client and per call). Arguments that cannot make a request
+(both or neither of prompt and prompt_tokens, a negative count, a string as allowed_models, a deadline <= 0) raise
+ValueError before any call. Errors:
 
     InvalidRequest      the router refused the request (INVALID_ARGUMENT); the message names the field
+    DuplicateRequest    an InvalidRequest: the request id was routed already (ALREADY_EXISTS)
     RouterUnavailable   the router is unreachable, or no instance is ready (UNAVAILABLE)
     RouterTimeout       the deadline passed (DEADLINE_EXCEEDED)
     RouterError         anything else (the base class of the three)
@@ -19,6 +22,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from types import TracebackType
 
@@ -41,6 +45,10 @@ class InvalidRequest(RouterError):
     pass
 
 
+class DuplicateRequest(InvalidRequest):
+    pass
+
+
 class RouterUnavailable(RouterError):
     pass
 
@@ -55,6 +63,10 @@ def route_request(*, prompt: str | None, prompt_tokens: int | None, ttft_slo_ms:
     """The RouteRequest of these arguments; exactly one of `prompt` and `prompt_tokens`."""
     if (prompt is None) == (prompt_tokens is None):
         raise ValueError("give either prompt (the text) or prompt_tokens (a length-only query), not both")
+    if prompt_tokens is not None and not 0 <= prompt_tokens < 1 << 32:  # what a uint32 holds; the router checks > 0
+        raise ValueError(f"prompt_tokens must be a number of tokens, got {prompt_tokens!r}")
+    if isinstance(allowed_models, str):
+        raise ValueError(f"allowed_models is a sequence of model names, got the string {allowed_models!r}")
     request = router_pb2.RouteRequest(request_id=request_id, ttft_slo_ms=ttft_slo_ms, policy=policy,
                                       allowed_models=list(allowed_models))
     if prompt is not None:
@@ -68,10 +80,27 @@ def route_request(*, prompt: str | None, prompt_tokens: int | None, ttft_slo_ms:
     return request
 
 
+def outcome_report(request_id: str, observed_ttft_ms: float, output_tokens: int,
+                   observed_e2e_ms: float) -> router_pb2.OutcomeReport:
+    if not 0 <= output_tokens < 1 << 32:
+        raise ValueError(f"output_tokens must be a number of tokens >= 0, got {output_tokens!r}")
+    return router_pb2.OutcomeReport(request_id=request_id, observed_ttft_ms=observed_ttft_ms,
+                                    output_tokens=output_tokens, observed_e2e_ms=observed_e2e_ms)
+
+
+def deadline_s(timeout_s: float | None, default_s: float) -> float:
+    """A call's deadline: `timeout_s`, or the client's `default_s` when None."""
+    chosen = default_s if timeout_s is None else timeout_s
+    if not (math.isfinite(chosen) and chosen > 0):
+        raise ValueError(f"timeout_s must be a positive number of seconds, got {chosen!r}")
+    return chosen
+
+
 def error_of(error: grpc.RpcError) -> RouterError:
     code = error.code()  # type: ignore[attr-defined]
     message = error.details() or ""  # type: ignore[attr-defined]
-    kind = {grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest, grpc.StatusCode.UNAVAILABLE: RouterUnavailable,
+    kind = {grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest, grpc.StatusCode.ALREADY_EXISTS: DuplicateRequest,
+            grpc.StatusCode.UNAVAILABLE: RouterUnavailable,
             grpc.StatusCode.DEADLINE_EXCEEDED: RouterTimeout}.get(code, RouterError)
     return kind(code, message)
 
@@ -87,7 +116,7 @@ class RouterClient:
         self._own = channel is None
         self._channel = channel or grpc.insecure_channel(address)  # type: ignore[arg-type]
         self._stub = router_pb2_grpc.RouterStub(self._channel)
-        self._timeout_s = timeout_s
+        self._timeout_s = deadline_s(timeout_s, DEFAULT_TIMEOUT_S)
 
     def route(self, prompt: str | None = None, *, ttft_slo_ms: float, prompt_tokens: int | None = None,
               policy: str = "", allowed_models: Sequence[str] = (), request_id: str = "",
@@ -97,16 +126,15 @@ class RouterClient:
                                 allowed_models=allowed_models, request_id=request_id,
                                 lambda_per_micro_usd=lambda_per_micro_usd, delta_per_s=delta_per_s)
         try:
-            return self._stub.Route(request, timeout=timeout_s or self._timeout_s)
+            return self._stub.Route(request, timeout=deadline_s(timeout_s, self._timeout_s))
         except grpc.RpcError as error:
             raise error_of(error) from None
 
     def report_outcome(self, request_id: str, *, observed_ttft_ms: float, output_tokens: int = 0,
                        observed_e2e_ms: float = 0.0, timeout_s: float | None = None) -> router_pb2.OutcomeAck:
-        report = router_pb2.OutcomeReport(request_id=request_id, observed_ttft_ms=observed_ttft_ms,
-                                          output_tokens=output_tokens, observed_e2e_ms=observed_e2e_ms)
+        report = outcome_report(request_id, observed_ttft_ms, output_tokens, observed_e2e_ms)
         try:
-            return self._stub.ReportOutcome(report, timeout=timeout_s or self._timeout_s)
+            return self._stub.ReportOutcome(report, timeout=deadline_s(timeout_s, self._timeout_s))
         except grpc.RpcError as error:
             raise error_of(error) from None
 
@@ -132,7 +160,7 @@ class AsyncRouterClient:
         self._own = channel is None
         self._channel = channel or grpc.aio.insecure_channel(address)  # type: ignore[arg-type]
         self._stub = router_pb2_grpc.RouterStub(self._channel)
-        self._timeout_s = timeout_s
+        self._timeout_s = deadline_s(timeout_s, DEFAULT_TIMEOUT_S)
 
     async def route(self, prompt: str | None = None, *, ttft_slo_ms: float, prompt_tokens: int | None = None,
                     policy: str = "", allowed_models: Sequence[str] = (), request_id: str = "",
@@ -142,16 +170,15 @@ class AsyncRouterClient:
                                 allowed_models=allowed_models, request_id=request_id,
                                 lambda_per_micro_usd=lambda_per_micro_usd, delta_per_s=delta_per_s)
         try:
-            return await self._stub.Route(request, timeout=timeout_s or self._timeout_s)
+            return await self._stub.Route(request, timeout=deadline_s(timeout_s, self._timeout_s))
         except grpc.RpcError as error:
             raise error_of(error) from None
 
     async def report_outcome(self, request_id: str, *, observed_ttft_ms: float, output_tokens: int = 0,
                              observed_e2e_ms: float = 0.0, timeout_s: float | None = None) -> router_pb2.OutcomeAck:
-        report = router_pb2.OutcomeReport(request_id=request_id, observed_ttft_ms=observed_ttft_ms,
-                                          output_tokens=output_tokens, observed_e2e_ms=observed_e2e_ms)
+        report = outcome_report(request_id, observed_ttft_ms, output_tokens, observed_e2e_ms)
         try:
-            return await self._stub.ReportOutcome(report, timeout=timeout_s or self._timeout_s)
+            return await self._stub.ReportOutcome(report, timeout=deadline_s(timeout_s, self._timeout_s))
         except grpc.RpcError as error:
             raise error_of(error) from None
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from bear.common.messages import shown
 from bear.discovery.instances import Instance
 from bear.discovery.pools import PoolSpec
 from bear.router.query import InvalidQuery
@@ -130,6 +131,6 @@ class InstancePool:
         known = self.known_models()
         for model in allowed:
             if not any(same_model(model, k) for k in known):
-                raise InvalidQuery("allowed_models", f"unknown model {model!r}; the pool serves: "
+                raise InvalidQuery("allowed_models", f"unknown model {shown(model)}; the pool serves: "
                                                      f"{', '.join(sorted(known)) or 'nothing yet'}")
         return tuple(i for i in instances if any(same_model(i.model, m) for m in allowed))

@@ -6,16 +6,27 @@ Each failed check raises `InvalidQuery` naming the field (the server answers INV
 from __future__ import annotations
 
 import math
+import re
 import uuid
 from dataclasses import dataclass, replace
 
+from bear.common.messages import shown
+
 MAX_REQUEST_ID_BYTES = 128  # the snapshot region keeps request ids up to this length
+# A request id travels to vLLM as the X-Request-Id header and comes back in its snapshots: visible ASCII only (no
+# spaces or control characters, which HTTP would refuse or alter, and the estimator would then not recognise).
+_REQUEST_ID = re.compile(r"[!-~]+")
+MAX_WEIGHT = 1e9  # λ and δ above this only overflow utilities (λ·cost, δ·TTFT) to -inf, where every choice ties
 
 
 class InvalidQuery(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+
+
+class DuplicateRequest(InvalidQuery):
+    """A request id this router has already routed (ALREADY_EXISTS)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +51,7 @@ class Limits:
 def validate(query: RouteQuery, limits: Limits, policies: frozenset[str]) -> RouteQuery:
     """The query, checked, with a request id (generated when empty) and its policy named."""
     request_id = query.request_id or uuid.uuid4().hex
-    if len(request_id.encode()) > MAX_REQUEST_ID_BYTES:
-        raise InvalidQuery("request_id", f"longer than {MAX_REQUEST_ID_BYTES} bytes")
+    check_request_id(request_id)
     _check_prompt(query, limits)
     slo = query.ttft_slo_ms
     if not math.isfinite(slo) or slo <= 0:
@@ -50,13 +60,22 @@ def validate(query: RouteQuery, limits: Limits, policies: frozenset[str]) -> Rou
         raise InvalidQuery("ttft_slo_ms", f"{slo:g} ms exceeds the limit of {limits.max_ttft_slo_ms:g} ms")
     for name in ("lambda_per_micro_usd", "delta_per_s"):
         value = getattr(query, name)
-        if value is not None and not (math.isfinite(value) and value >= 0):
-            raise InvalidQuery(name, f"must be a finite number >= 0, got {value!r}")
+        if value is not None and not (math.isfinite(value) and 0 <= value <= MAX_WEIGHT):
+            raise InvalidQuery(name, f"must be a number in [0, {MAX_WEIGHT:g}], got {value!r}")
     if query.policy and query.policy not in policies:
-        raise InvalidQuery("policy", f"unknown policy {query.policy!r}; choose one of: {', '.join(sorted(policies))}")
+        raise InvalidQuery("policy", f"unknown policy {shown(query.policy)}; choose one of: "
+                                     f"{', '.join(sorted(policies))}")
     if any(not model for model in query.allowed_models):
         raise InvalidQuery("allowed_models", "model names must not be empty")
     return replace(query, request_id=request_id)
+
+
+def check_request_id(request_id: str) -> None:
+    if len(request_id.encode("utf-8", errors="surrogatepass")) > MAX_REQUEST_ID_BYTES:
+        raise InvalidQuery("request_id", f"longer than {MAX_REQUEST_ID_BYTES} bytes")
+    if not _REQUEST_ID.fullmatch(request_id):
+        raise InvalidQuery("request_id", f"{shown(request_id)} has characters other than visible ASCII (it is sent "
+                                         "to the engine as an HTTP header)")
 
 
 def check_prompt_tokens(num_tokens: int, limits: Limits, field: str = "prompt") -> None:

@@ -1,6 +1,6 @@
 """The dispatches this router made recently, by request id, so that ReportOutcome finds its decision without Redis
 (a report that reaches another replica, or comes after a restart, is looked up in Redis instead), and so that the
-latest of them go along with the next Estimate calls (`latest`)."""
+latest of them go along with the next Estimate calls (`latest`); and the request ids whose outcome was reported."""
 
 from __future__ import annotations
 
@@ -46,3 +46,21 @@ class RecentDispatches:
             if oldest.dispatched_at_s >= now_s - self._ttl_s:
                 return
             records.popitem(last=False)
+
+
+class ReportedIds:
+    """The request ids whose outcome was reported here, the latest `capacity` of them: a report repeated (a client's
+    retry) is answered, but counted once."""
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self._capacity = capacity
+        self._ids: OrderedDict[str, None] = OrderedDict()
+
+    def first(self, request_id: str) -> bool:
+        """Whether this is the first report of `request_id` (it is one no longer afterwards)."""
+        if request_id in self._ids:
+            return False
+        self._ids[request_id] = None
+        if len(self._ids) > self._capacity:
+            self._ids.popitem(last=False)
+        return True

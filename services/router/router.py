@@ -24,11 +24,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from bear.common.messages import shown
 from bear.common.redis_config import honour_cancellation
 from bear.router.decision import DispatchRecord, Outcome, RouteResult, describe
 from bear.router.pool import InstanceInfo, InstancePool, Registration
-from bear.router.query import InvalidQuery, Limits, RouteQuery, check_prompt_tokens, validate
-from bear.router.recent import RecentDispatches
+from bear.router.query import (
+    DuplicateRequest,
+    InvalidQuery,
+    Limits,
+    RouteQuery,
+    check_prompt_tokens,
+    check_request_id,
+    validate,
+)
+from bear.router.recent import RecentDispatches, ReportedIds
 from bear.router.recorder import DispatchRecorder
 from bear.router.signals import (
     DependencyUnavailable,
@@ -47,6 +56,7 @@ from bear.routing.registry import build_policy
 logger = logging.getLogger("bear.router")
 LONG_PROMPT_CHARS = 20_000  # longer prompts are tokenised off the event loop
 MAX_RECENT_DISPATCHES = 32  # at most this many of the router's latest dispatches go along with an Estimate call
+MAX_OBSERVED_MS = 86_400_000.0  # a reported TTFT or end-to-end time beyond a day is an error, not an observation
 
 
 class Predictions(Protocol):
@@ -111,6 +121,8 @@ class Router:
         self._observations = ObservationBook(OBSERVATION_WINDOW, THROUGHPUT_WINDOW_S, clock(),
                                              settings.ttft_feedback_window)
         self._recent = RecentDispatches()
+        self._deciding: set[str] = set()  # request ids of the Route calls in progress
+        self._reported = ReportedIds()
         self._recorder = DispatchRecorder(store, telemetry.tracer, telemetry.metrics)
         self._loaded = False
         self._first_load: asyncio.Future[None] | None = None
@@ -122,14 +134,25 @@ class Router:
         try:
             query = validate(query, self._settings.limits, self._policy_names)
             policy = self._policies[query.policy or self._settings.default_policy]
-            with self._telemetry.route_span(query, policy.name) as span:
-                result, prompt_tokens = await self._decide(query, policy, started)
-                record_decision(span, result, prompt_tokens)
+            self._claim(query.request_id)
+            try:
+                with self._telemetry.route_span(query, policy.name) as span:
+                    result, prompt_tokens = await self._decide(query, policy, started)
+                    record_decision(span, result, prompt_tokens)
+            finally:
+                self._deciding.discard(query.request_id)
         except InvalidQuery as error:
             self._metrics.invalid_requests.labels(error.field).inc()
             raise
         self._count(result)
         return result
+
+    def _claim(self, request_id: str) -> None:
+        """A request id is routed once: a Route call with the id of one being decided or routed (in the last
+        RecentDispatches TTL) is refused. Per replica: another replica's dispatches are not seen here."""
+        if request_id in self._deciding or self._recent.get(request_id, self._clock()) is not None:
+            raise DuplicateRequest("request_id", f"{shown(request_id)} was already routed: each query needs its own id")
+        self._deciding.add(request_id)
 
     async def _decide(self, query: RouteQuery, policy: Policy, started: float) -> tuple[RouteResult, int]:
         instances = await self._instances(query)
@@ -141,7 +164,11 @@ class Router:
         request = RouteRequest(query.request_id, query.ttft_slo_ms / 1000,
                                _or(query.lambda_per_micro_usd, self._settings.lambda_per_micro_usd),
                                query.delta_per_s)
-        choice, decided_by, degraded_reason = self._choose(policy, request, candidates, inputs)
+        servable, never = _servable(candidates, inputs.estimates)
+        if servable:
+            choice, decided_by, degraded_reason = self._choose(policy, request, servable, inputs)
+        else:  # no policy could do better than to send the query where it can never be served
+            choice, decided_by, degraded_reason = Choice(None, Decision.SHED, never, ()), policy, ""
         views = describe(inputs.instances, candidates, choice, inputs.estimates, inputs.queues, query.ttft_slo_ms,
                          decided_by.estimator)
         chosen = next((i for i, c in enumerate(candidates) if c.instance_id == choice.instance_id), None)
@@ -304,6 +331,7 @@ class Router:
         """Records the observation at the instance the query went to; returns (decision found, predicted TTFT ms)."""
         _validate_outcome(outcome)
         now_s = self._clock()
+        ttft_known = outcome.observed_ttft_ms > 0
         with self._telemetry.tracer.start_as_current_span("bear.outcome") as span:
             record = self._recent.get(outcome.request_id, now_s)
             if record is None:
@@ -311,20 +339,23 @@ class Router:
                     record = await self._store.dispatch(outcome.request_id)
                 except DependencyUnavailable as error:
                     self._metrics.dependency_errors.labels("redis", error.code).inc()
-            self._metrics.outcomes.labels("true" if record is not None else "false").inc()
             if record is None:
+                self._metrics.outcomes.labels("false").inc()
                 return False, 0.0
+            if not self._reported.first(outcome.request_id):  # a retried report: answered, counted once
+                return True, record.predicted_ttft_ms
+            self._metrics.outcomes.labels("true").inc()
             estimated_ttft_s = ((record.predicted_ttft_ms - record.ttft_offset_ms) / 1000
-                                if record.ttft_exact and outcome.observed_ttft_ms > 0 else None)
+                                if record.ttft_exact and ttft_known else None)
             self._observations.of(record.instance_id).observe(
-                ttft_s=outcome.observed_ttft_ms / 1000, tpot_s=outcome.tpot_s,
+                ttft_s=outcome.observed_ttft_ms / 1000 if ttft_known else None, tpot_s=outcome.tpot_s,
                 completed_at_s=now_s if outcome.observed_e2e_ms > 0 else None, estimated_ttft_s=estimated_ttft_s)
             if span.is_recording():
                 span.set_attributes({"bear.request_id": outcome.request_id, "bear.instance_id": record.instance_id,
                                      "bear.observed_ttft_ms": outcome.observed_ttft_ms,
                                      "bear.predicted_ttft_ms": record.predicted_ttft_ms})
             self._metrics.set_ttft_offset(record.instance_id, self._observations.of(record.instance_id).ttft_offset_s)
-            if record.predicted_ttft_ms > 0:
+            if record.predicted_ttft_ms > 0 and ttft_known:
                 error_s = (record.predicted_ttft_ms - outcome.observed_ttft_ms) / 1000
                 self._metrics.ttft_error_seconds.labels(record.instance_id).observe(error_s)
                 self._metrics.ttft_abs_error_seconds.labels(record.instance_id).observe(abs(error_s))
@@ -358,12 +389,32 @@ class Router:
 
 
 def _validate_outcome(outcome: Outcome) -> None:
+    """observed_ttft_ms and observed_e2e_ms: 0 when unknown (a query that failed before its first token)."""
     if not outcome.request_id:
         raise InvalidQuery("request_id", "required")
+    check_request_id(outcome.request_id)
     for name in ("observed_ttft_ms", "observed_e2e_ms"):
         value = getattr(outcome, name)
-        if not (math.isfinite(value) and value >= 0):
-            raise InvalidQuery(name, f"must be a finite number of milliseconds >= 0, got {value!r}")
+        if not (math.isfinite(value) and 0 <= value <= MAX_OBSERVED_MS):
+            raise InvalidQuery(name, f"must be a number of milliseconds in [0, {MAX_OBSERVED_MS:g}] (0: unknown), "
+                                     f"got {value!r}")
+
+
+def _servable(candidates: Sequence[Candidate], estimates: Mapping[str, InstanceEstimate] | None
+              ) -> tuple[list[Candidate], str]:
+    """The candidates the estimator did not find unable ever to serve the query (a prompt longer than the instance's
+    max_model_len or KV cache, a resident that can never finish ahead of it), and, when none is left, why."""
+    if estimates is None:
+        return list(candidates), ""
+    servable, reasons = [], []
+    for candidate in candidates:
+        estimate = estimates.get(candidate.instance_id)
+        if estimate is not None and estimate.known and not estimate.feasible:
+            reasons.append(f"{candidate.instance_id}: {estimate.reason or 'infeasible'}")
+        else:
+            servable.append(candidate)
+    more = f"; and {len(reasons) - 3} more" if len(reasons) > 3 else ""
+    return servable, f"no instance can ever serve this query ({'; '.join(reasons[:3])}{more})"
 
 
 def _or(value: float | None, default: float) -> float:

@@ -1,7 +1,8 @@
 """The gRPC face of the router (bear.v1.Router): messages in and out through `wire`, domain errors to status codes.
 
-    InvalidQuery  → INVALID_ARGUMENT, the message names the field
-    NoInstances   → UNAVAILABLE (no ready instance serves the query's models)
+    InvalidQuery      → INVALID_ARGUMENT, the message names the field
+    DuplicateRequest  → ALREADY_EXISTS (a request id this router has routed already)
+    NoInstances       → UNAVAILABLE (no ready instance serves the query's models)
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import grpc
 
 from bear.router import wire
-from bear.router.query import InvalidQuery
+from bear.router.query import DuplicateRequest, InvalidQuery
 from bear.router.router import NoInstances, Router
 from bear.v1 import router_pb2, router_pb2_grpc
 
@@ -24,6 +25,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                     context: grpc.aio.ServicerContext) -> router_pb2.RouteDecision:
         try:
             result = await self._router.route(wire.query_from_proto(request))
+        except DuplicateRequest as error:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(error))
         except InvalidQuery as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         except NoInstances as error:

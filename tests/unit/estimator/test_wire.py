@@ -15,7 +15,7 @@ from bear.estimator.wire import (
     estimate_call,
     instance_estimate,
 )
-from bear.v1 import calibration_pb2, estimator_pb2
+from bear.v1 import calibration_pb2, estimator_pb2, router_pb2
 from tests.estimator_builders import COEFFICIENTS, batch_time, dispatch_record
 
 
@@ -40,6 +40,11 @@ def test_defaults_an_id_a_length_of_one_and_no_horizon() -> None:
     (estimator_pb2.EstimateRequest(prompt_tokens=1, horizon_ms=-5), "horizon_ms"),
     (estimator_pb2.EstimateRequest(prompt_tokens=1, horizon_ms=math.inf), "horizon_ms"),
     (estimator_pb2.EstimateRequest(prompt_tokens=1, instance_ids=["a", ""]), "instance_ids"),
+    # one call may not hold the event loop that every call and the snapshot feed share
+    (estimator_pb2.EstimateRequest(prompt_tokens=1, instance_ids=[f"i{n}" for n in range(5000)]),
+     "instance_ids: 5000 ids, more than the limit of 4096"),
+    (estimator_pb2.EstimateRequest(prompt_tokens=1, recent_dispatches=[router_pb2.DispatchRecord()] * 2000),
+     "recent_dispatches: 2000 records"),
 ])
 def test_bad_requests_name_the_field(request_: estimator_pb2.EstimateRequest, message: str) -> None:
     with pytest.raises(InvalidRequest, match=message):

@@ -32,6 +32,7 @@ def test_predict_arguments() -> None:
     (predictor_pb2.PredictRequest(prompt=" \n\t"), "prompt is empty"),
     (predictor_pb2.PredictRequest(prompt="x" * 101), "prompt has 101 characters; at most 100"),
     (predictor_pb2.PredictRequest(prompt="hi", models=[SMALL, "gpt-9"]), r"models\[1\]: unknown model 'gpt-9'"),
+    (predictor_pb2.PredictRequest(prompt="hi", models=["m" * 20_000]), r"'m{64}'… \(20000 characters\); the cat"),
 ])
 def test_bad_predict_requests_name_the_field(request_: predictor_pb2.PredictRequest, message: str) -> None:
     with pytest.raises(InvalidRequest, match=message):

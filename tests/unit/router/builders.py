@@ -62,11 +62,14 @@ class FakeEstimates:
     error: DependencyUnavailable | None = None
     calls: list[tuple[str, int, tuple[str, ...], float]] = field(default_factory=list)
     recent: list[tuple[str, ...]] = field(default_factory=list)  # per call: the request ids sent along
+    delay_s: float = 0.0  # how long each call takes
 
     async def estimate(self, query_id: str, prompt_tokens: int, output_tokens: float, instance_ids: Sequence[str],
                        horizon_ms: float, recent: Sequence[DispatchRecord] = ()) -> Mapping[str, InstanceEstimate]:
         self.calls.append((query_id, prompt_tokens, tuple(instance_ids), horizon_ms))
         self.recent.append(tuple(r.request_id for r in recent))
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
         if self.error is not None:
             raise self.error
         return {i: e for i, e in self.estimates.items() if i in instance_ids}
@@ -145,7 +148,8 @@ def make_router(*, instances: Sequence[Registration] = INSTANCES,
 
 def route(harness: Harness, prompt: str | None = "Summarize the report.", *, slo_ms: float = 500.0,
           prompt_tokens: int | None = None, **fields: object) -> RouteResult:
-    query = RouteQuery(str(fields.pop("request_id", "q1")), prompt, prompt_tokens, slo_ms, **fields)  # type: ignore[arg-type]
+    query = RouteQuery(  # no request_id: the router makes one up
+        str(fields.pop("request_id", "")), prompt, prompt_tokens, slo_ms, **fields)  # type: ignore[arg-type]
 
     async def route_and_record() -> RouteResult:
         result = await harness.router.route(query)

@@ -5,7 +5,18 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from bear.router.client import InvalidRequest, RouterError, RouterTimeout, RouterUnavailable, error_of, route_request
+from bear.router.client import (
+    DuplicateRequest,
+    InvalidRequest,
+    RouterClient,
+    RouterError,
+    RouterTimeout,
+    RouterUnavailable,
+    deadline_s,
+    error_of,
+    outcome_report,
+    route_request,
+)
 
 
 def request(**fields: object):  # noqa: ANN201 - RouteRequest
@@ -26,6 +37,25 @@ def test_a_request_carries_the_text_or_the_length_and_only_the_optionals_given()
         request(prompt="a", prompt_tokens=3)
 
 
+@pytest.mark.parametrize(("fields", "named"), [({"prompt_tokens": -1}, "prompt_tokens"),
+                                               ({"prompt_tokens": 1 << 40}, "prompt_tokens"),
+                                               ({"prompt": "hi", "allowed_models": "Qwen3-8B"}, "allowed_models")])
+def test_arguments_that_cannot_make_a_request_are_refused_naming_them(fields: dict[str, object], named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        request(**fields)
+
+
+def test_deadlines_are_positive_and_none_means_the_clients() -> None:
+    assert deadline_s(None, 1.5) == 1.5 and deadline_s(0.2, 1.5) == 0.2
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="timeout_s"):
+            deadline_s(bad, 1.5)
+    with pytest.raises(ValueError, match="timeout_s"):
+        RouterClient("localhost:1", timeout_s=0)
+    with pytest.raises(ValueError, match="output_tokens"):
+        outcome_report("r", 10.0, -1, 0.0)
+
+
 class _Error(grpc.RpcError):
     def __init__(self, code: grpc.StatusCode) -> None:
         self._code = code
@@ -38,6 +68,7 @@ class _Error(grpc.RpcError):
 
 
 @pytest.mark.parametrize(("code", "kind"), [(grpc.StatusCode.INVALID_ARGUMENT, InvalidRequest),
+                                            (grpc.StatusCode.ALREADY_EXISTS, DuplicateRequest),
                                             (grpc.StatusCode.UNAVAILABLE, RouterUnavailable),
                                             (grpc.StatusCode.DEADLINE_EXCEEDED, RouterTimeout),
                                             (grpc.StatusCode.INTERNAL, RouterError)])

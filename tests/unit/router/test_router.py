@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from bear.router.decision import DispatchRecord, Outcome
-from bear.router.query import InvalidQuery
+from bear.router.query import DuplicateRequest, InvalidQuery, RouteQuery
 from bear.router.router import NoInstances
 from bear.router.signals import DependencyUnavailable, QueueLengths
 from bear.routing.contract import Decision
@@ -280,6 +280,11 @@ def test_no_ready_instance_is_no_instances() -> None:
     ({"lambda_per_micro_usd": -1.0}, "lambda_per_micro_usd"),
     ({"delta_per_s": math.nan}, "delta_per_s"),
     ({"request_id": "r" * 200}, "request_id"),
+    ({"request_id": "a b"}, "request_id"),  # sent to the engine as X-Request-Id: visible ASCII only
+    ({"request_id": "a\nb"}, "request_id"),
+    ({"request_id": "caf\u00e9"}, "request_id"),
+    ({"lambda_per_micro_usd": 1e308}, "lambda_per_micro_usd"),  # λ·cost would overflow: every utility -inf
+    ({"delta_per_s": 1e10}, "delta_per_s"),
 ])
 def test_bad_input_is_refused_naming_the_field(fields: dict[str, object], field: str) -> None:
     harness = make_router()
@@ -289,6 +294,52 @@ def test_bad_input_is_refused_naming_the_field(fields: dict[str, object], field:
     assert caught.value.field == field and str(caught.value).startswith(f"{field}: ")
     assert harness.metric("bear_router_invalid_requests_total", field=field) == 1
     assert harness.estimator.calls == []
+
+
+def test_a_long_value_is_quoted_shortly_in_the_message() -> None:
+    # A status message travels in a trailer: echoing 20 kB would make the caller see RESOURCE_EXHAUSTED instead.
+    harness = make_router()
+    for fields in ({"policy": "p" * 20_000}, {"allowed_models": ("m" * 20_000,)}):
+        with pytest.raises(InvalidQuery) as caught:
+            route(harness, **fields)  # type: ignore[arg-type]
+        assert len(str(caught.value)) < 500 and "(20000 characters)" in str(caught.value)
+
+
+def test_a_request_id_is_routed_once() -> None:
+    harness = make_router()
+    first = route(harness, request_id="dup-1", allowed_models=("Qwen3-8B",))
+    with pytest.raises(DuplicateRequest, match="dup-1"):
+        route(harness, request_id="dup-1", allowed_models=("Qwen3-0.6B",))
+    assert [r.instance_id for r in harness.store.records if r.request_id == "dup-1"] == [first.instance_id]
+    assert harness.metric("bear_router_invalid_requests_total", field="request_id") == 1
+
+
+def test_a_request_id_is_refused_while_its_first_route_call_is_still_deciding() -> None:
+    harness = make_router()
+    harness.estimator.delay_s = 0.05
+
+    async def twice() -> list[object]:
+        return await asyncio.gather(*(harness.router.route(RouteQuery("same", "Summarize.", None, 500.0))
+                                      for _ in range(2)), return_exceptions=True)
+
+    results = asyncio.run(twice())
+    assert sum(isinstance(r, DuplicateRequest) for r in results) == 1
+    assert sum(getattr(r, "decision", None) is Decision.ROUTE for r in results) == 1
+
+
+def test_instances_that_can_never_serve_the_query_are_left_out_and_with_none_left_it_is_shed() -> None:
+    never = replace(estimate("large-0", math.inf, feasible=False), reason="the query's prompt is too long")
+    harness = make_router(estimates={"small-0": estimate("small-0", 900), "medium-0": estimate("medium-0", 950),
+                                     "large-0": never})
+    for policy in ("bear", "round-robin", "score"):  # a policy may not choose where the query is never served
+        for _ in range(3):
+            assert route(harness, policy=policy).instance_id != "large-0"
+    nowhere = make_router(estimates={i.instance_id: replace(never, instance_id=i.instance_id) for i in INSTANCES})
+    result = route(nowhere, policy="round-robin")
+    assert result.decision is Decision.SHED and result.instance_id == "" and not result.degraded
+    assert result.reason.startswith("no instance can ever serve this query") and "too long" in result.reason
+    assert all(not c.feasible for c in result.candidates) and len(result.candidates) == 3
+    assert nowhere.store.records == []
 
 
 def test_report_outcome_measures_the_prediction_error_of_its_instance() -> None:
@@ -356,6 +407,31 @@ def test_report_outcome_of_an_unknown_request_is_not_known() -> None:
         asyncio.run(harness.router.report_outcome(Outcome("q", -5.0)))
     with pytest.raises(InvalidQuery, match="request_id"):
         asyncio.run(harness.router.report_outcome(Outcome("", 5.0)))
+
+
+def test_a_repeated_report_is_answered_but_counted_once_and_an_unknown_ttft_is_not_observed() -> None:
+    harness = make_router(estimates={r.instance_id: estimate(r.instance_id, 100) for r in INSTANCES})
+    for n in range(MIN_RESIDUALS):
+        route(harness, request_id=f"w{n}", allowed_models=("Qwen3-32B",))
+        for _ in range(3):  # a client's retries
+            assert asyncio.run(harness.router.report_outcome(Outcome(f"w{n}", 400.0))) == (True, 100.0)
+    assert harness.metric("bear_router_outcomes_total", known="true") == MIN_RESIDUALS
+    route(harness, request_id="failed", allowed_models=("Qwen3-32B",))
+    asyncio.run(harness.router.report_outcome(Outcome("failed", 0.0)))  # no first token: TTFT unknown
+    assert harness.metric("bear_router_ttft_error_seconds_count", instance="large-0") == MIN_RESIDUALS
+    assert harness.metric("bear_router_ttft_offset_seconds", instance="large-0") == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize(("outcome", "field"), [
+    (Outcome("q", 1e308), "observed_ttft_ms"),
+    (Outcome("q", 100.0, 5, math.inf), "observed_e2e_ms"),
+    (Outcome("q" * 1000, 100.0), "request_id"),
+    (Outcome("a b", 100.0), "request_id"),
+])
+def test_absurd_outcomes_are_refused_naming_the_field(outcome: Outcome, field: str) -> None:
+    with pytest.raises(InvalidQuery) as caught:
+        asyncio.run(make_router().router.report_outcome(outcome))
+    assert caught.value.field == field
 
 
 def test_report_outcome_finds_decisions_other_replicas_recorded() -> None:

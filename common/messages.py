@@ -1,0 +1,14 @@
+"""How an error message quotes what a caller sent: whole when short, else its beginning and its length. A gRPC status
+message travels in a trailer, and gRPC refuses trailers over its metadata limit (8–16 KiB): a message that echoed a
+20 kB policy name would turn INVALID_ARGUMENT into RESOURCE_EXHAUSTED on the caller's side."""
+
+from __future__ import annotations
+
+MAX_SHOWN_CHARS = 64
+
+
+def shown(value: str, limit: int = MAX_SHOWN_CHARS) -> str:
+    """`value`'s repr, or the repr of its first `limit` characters followed by its length."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}… ({len(value)} characters)"
