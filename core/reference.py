@@ -290,7 +290,7 @@ def replay_reference(
     end = 0.0
     while True:
         if len(batches) >= max_steps:
-            return _stopped(ReplayStatus.INFEASIBLE, Infeasibility.STEP_LIMIT, None, state, query, horizon_s,
+            return _stopped(ReplayStatus.EXCEEDS_HORIZON, Infeasibility.STEP_LIMIT, None, state, query, horizon_s,
                             batches, end - query_time_s, scheduler.num_preemptions)
         scheduled_at = clock.next_schedule_s()
         if not scheduler.running and not scheduler.waiting:  # idle until the next arrival

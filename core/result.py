@@ -11,7 +11,7 @@ from bear.core.state import InstanceState, Query
 
 class ReplayStatus(enum.StrEnum):
     FIRST_TOKEN = "first_token"  # the query's first token was reached
-    EXCEEDS_HORIZON = "exceeds_horizon"  # the simulated time passed the horizon first
+    EXCEEDS_HORIZON = "exceeds_horizon"  # the simulated time passed the horizon (or the step limit was hit) first
     INFEASIBLE = "infeasible"  # the query can never get its first token
 
 
@@ -20,7 +20,7 @@ class Infeasibility(enum.StrEnum):
     PROMPT_TOO_LONG = "prompt_too_long"  # prompt not shorter than max_model_len
     PROMPT_EXCEEDS_CACHE = "prompt_exceeds_cache"  # more KV blocks than the whole cache
     STUCK = "stuck"  # a request that can never complete (the query or one ahead of it) blocks the query
-    STEP_LIMIT = "step_limit"  # gave up after the step limit
+    STEP_LIMIT = "step_limit"  # gave up after the step limit (status EXCEEDS_HORIZON: not a verdict on feasibility)
 
 
 @dataclass(frozen=True, slots=True)

@@ -562,8 +562,8 @@ Result Simulator::run() {
   if (infeasible_upfront(result)) return result;
   while (true) {
     if (num_steps_ >= opt_.max_steps) {
-      result.infeasibility = Infeasibility::kStepLimit;
-      finish(result, Status::kInfeasible);
+      result.infeasibility = Infeasibility::kStepLimit;  // gave up: the time so far is a lower bound, as at the horizon
+      finish(result, Status::kExceedsHorizon);
       return result;
     }
     const StepInfo info = step();

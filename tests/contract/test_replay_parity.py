@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from bear.core.batch_time import BatchTimeCoefficients
 from bear.core.replay import ReplayEngine, replay
-from bear.core.state import InstanceState, Query
+from bear.core.result import ReplayStatus
+from bear.core.state import EngineConfig, InstanceState, Query
 from tests.strategies import coefficients, queries, states, timings
 
 EXAMPLES = int(os.environ.get("BEAR_PARITY_EXAMPLES", "3000"))
@@ -37,3 +38,16 @@ def test_native_and_reference_give_identical_results(
         assert native.num_batches == reference.num_batches
         assert native.num_preemptions == reference.num_preemptions
         assert native.batches == reference.batches
+
+
+def test_a_replay_that_gives_up_at_its_step_limit_says_so_and_gives_a_lower_bound() -> None:
+    # Not a verdict that the query can never be served (the estimator and router act on `infeasible`).
+    engine = EngineConfig(max_num_batched_tokens=256, max_num_seqs=8, block_size=16, num_gpu_blocks=1000,
+                          max_model_len=8192)
+    state = InstanceState(engine, free_blocks=1000)
+    query = Query("q", num_prompt_tokens=4000, output_tokens=10)  # 16 chunks
+    coefs = BatchTimeCoefficients(b0=1e-3, b1=1e-5, b2=0.0, b3=0.0)
+    for engine_kind in (ReplayEngine.REFERENCE, ReplayEngine.NATIVE):
+        result = replay(state, query, coefs, max_steps=5, engine=engine_kind, shortcuts=False)
+        assert (result.status, result.feasible, result.ttft_s) == (ReplayStatus.EXCEEDS_HORIZON, True, None)
+        assert "step limit" in result.reason and result.elapsed_s > 0
