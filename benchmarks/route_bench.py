@@ -74,6 +74,8 @@ def main() -> int:
         print(_row(args.rate, result))
         print("   mean per stage inside the router: " + _stage_means(stages_before, _stage_seconds(router))
               + " (predict and estimate run at once; record is off the path)")
+        if args.sweep_seconds <= 0:
+            return 0
         best = None
         for rate in _rates(args.rate):
             for attempt in range(2):  # a step that fails is run once more: one noisy second should not end the sweep
@@ -94,7 +96,8 @@ def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=float, default=200.0, help="requests per second of the main measurement")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the main measurement")
-    parser.add_argument("--sweep-seconds", type=float, default=5.0, help="length of each step of the rate sweep")
+    parser.add_argument("--sweep-seconds", type=float, default=5.0,
+                        help="length of each step of the rate sweep (0: no sweep)")
     parser.add_argument("--p99-limit-ms", type=float, default=10.0)
     parser.add_argument("--prompts", choices=("short", "mixed"), default="short",
                         help="short chat prompts (10-30 tokens), or the synthetic corpus's four regimes")
