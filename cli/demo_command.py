@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
 EXIT_BAD_INPUT = 2
+MAX_SEED = 2**31 - 1  # bear.demo.runner.MAX_SEED (not imported here: the runner's imports are heavy)
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -26,16 +28,17 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--policies", default="bear,score,routebalance",
                         help="comma-separated policy names, the first compared with the others "
                              "(default bear,score,routebalance)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=_seed, default=0, help=f"an integer in [0, {MAX_SEED}] (default 0)")
     parser.add_argument("--looseness", type=_positive, default=1.0, help="TTFT targets × this (default 1)")
-    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--json", type=Path, metavar="FILE",
+                        help="also write the results as JSON (its folder is created if missing)")
     parser.add_argument("--redis-url", default="", help="use this Redis instead of the embedded one")
     parser.add_argument("--run-folder", type=Path, help="where service logs go (default: a new temporary folder)")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from bear.demo.runner import DemoConfig, run_demo, write_json
+    from bear.demo.runner import DemoConfig, DemoInterrupted, run_demo, write_json
 
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
     try:
@@ -44,8 +47,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"bear demo: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.json is not None and args.json.is_dir():
-        print(f"bear demo: --json {args.json} is a folder", file=sys.stderr)
+    problem = _run_folder_problem(args.run_folder) or _json_problem(args.json)
+    if problem:
+        print(f"bear demo: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
         report = run_demo(config)
@@ -55,6 +59,12 @@ def run(args: argparse.Namespace) -> int:
     except RuntimeError as error:
         print(f"bear demo: {error}", file=sys.stderr)
         return 1
+    except DemoInterrupted as interrupted:  # its services and pool are stopped
+        print(f"bear demo: {interrupted}", file=sys.stderr)
+        return 128 + interrupted.signum
+    except KeyboardInterrupt:
+        print("bear demo: interrupted", file=sys.stderr)
+        return 128 + 2
     if args.json is not None:
         try:
             write_json(report, args.json)
@@ -62,6 +72,48 @@ def run(args: argparse.Namespace) -> int:
             print(f"bear demo: --json {args.json}: {error.strerror or error}", file=sys.stderr)
             return EXIT_BAD_INPUT
     return 0
+
+
+def _run_folder_problem(folder: Path | None) -> str | None:
+    """Why --run-folder cannot be used, found before anything starts (None: it can; it exists from here on)."""
+    if folder is None:
+        return None
+    if folder.exists() and not folder.is_dir():
+        return f"--run-folder {folder}: exists and is not a folder"
+    return _folder_problem("--run-folder", folder, folder)
+
+
+def _json_problem(path: Path | None) -> str | None:
+    """Why --json FILE could not be written at the end of the run, found before the run (None: it can be; its
+    folder exists from here on)."""
+    if path is None:
+        return None
+    if path.is_dir():
+        return f"--json {path}: is a folder"
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"--json {path}: not writable"
+    return _folder_problem("--json", path, path.parent)
+
+
+def _folder_problem(flag: str, given: Path, folder: Path) -> str | None:
+    """Creates `folder` (and its parents) if missing; why it cannot be created or written in, or None."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        return f"{flag} {given}: cannot create the folder {folder}: {error.strerror or error}"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"{flag} {given}: cannot write in the folder {folder}"
+    return None
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, {MAX_SEED}], got {text!r}")
+    return value
 
 
 def _number(text: str) -> float:

@@ -32,20 +32,36 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        case = parse_case(json.loads(args.case.read_text()))
+        case = parse_case(_read_json(args.case))
         result = replay(case.state, case.query, case.coefficients, horizon_s=case.horizon_s, record_batches=True,
                         engine=ReplayEngine(args.engine))
-    except OSError as error:
-        return _bad_input(f"case: cannot read {args.case}: {error.strerror or error}")
-    except json.JSONDecodeError as error:
-        return _bad_input(f"case: not valid JSON: {error}")
+        output = result_to_json(result)
     except (CaseError, InvalidState) as error:
         return _bad_input(str(error))
-    output = result_to_json(result)
     if args.repeat:
         output["mean_estimate_us"] = _mean_estimate_us(case, args.repeat)
-    print(json.dumps(output))
+    print(json.dumps(output, allow_nan=False))
     return 0
+
+
+def _read_json(path: Path) -> object:
+    """The case file's JSON document; CaseError says what is wrong with the file."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as error:
+        raise CaseError(f"case: cannot read {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        raise CaseError(f"case: {path} is not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset "
+                        f"{error.start})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise CaseError(f"case: not valid JSON: {error}") from None
+    except RecursionError:
+        raise CaseError(f"case: not valid JSON: {path} nests arrays or objects too deeply") from None
+    except ValueError as error:  # an integer literal of more digits than Python converts
+        reason = str(error).split(";")[0]  # without its advice to raise the interpreter's limit
+        raise CaseError(f"case: not valid JSON: {reason}") from None
 
 
 def _mean_estimate_us(case, repeat: int) -> float:

@@ -3,6 +3,11 @@
 variables), Prometheus metrics over HTTP, and a graceful shutdown on SIGTERM/SIGINT (health turns NOT_SERVING, calls
 in flight finish within the grace period).
 
+A server that cannot start (its address is not local, its port is taken — a second server is never let share it —, or
+the /metrics port is taken) raises ServiceStartError naming the flag and the address; `run_event_loop` prints it and
+exits with status 2. A request whose bytes do not decode as the method's message is answered INVALID_ARGUMENT
+("malformed request: ...") before any servicer sees it (`_GuardedRegistration`), for every service alike.
+
 Tracing: with `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_TRACES_EXPORTER=otlp`) spans go to an OTLP collector over gRPC
 (or `OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf`); `OTEL_TRACES_EXPORTER=console` prints them; otherwise spans are
 created (so that context propagates between services) but not exported. `OTEL_SERVICE_NAME` and
@@ -12,10 +17,14 @@ created (so that context propagates between services) but not exported. `OTEL_SE
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
+import inspect
 import logging
 import os
 import signal
+import socket
+import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +38,14 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
 logger = logging.getLogger("bear.service")
+
+EXIT_BAD_INPUT = 2
+# gRPC sets SO_REUSEPORT on Linux by default: a second server on a port in use would start and share its calls.
+SERVER_OPTIONS = (("grpc.so_reuseport", 0),)
+
+
+class ServiceStartError(Exception):
+    """The server could not start; the message names the command, the flag and the address."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,15 +133,21 @@ async def start_server(settings: ServerSettings, register: Register, on_stop: It
 
     # With OTEL_SDK_DISABLED the tracer is a no-op: the interceptor would cost each call time for nothing.
     traced = not isinstance(trace.get_tracer(__name__), trace.NoOpTracer)
-    server = grpc.aio.server(interceptors=[aio_server_interceptor(filter_=not_a_call_stream)] if traced else [])
-    names = list(register(server))
+    server = grpc.aio.server(interceptors=[aio_server_interceptor(filter_=not_a_call_stream)] if traced else [],
+                             options=SERVER_OPTIONS)
+    guarded = _GuardedRegistration(server)
+    names = list(register(guarded))  # type: ignore[arg-type] - what register() uses of a server, guarded
     health_servicer = health.aio.HealthServicer()  # an asyncio servicer: a blocking one fails under grpc.aio
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, guarded)
+    reflection.enable_server_reflection(  # the server itself: reflection picks its asyncio servicer by its type
         [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server)
-    port = server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")
+    address = f"{settings.host}:{settings.grpc_port}"
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError:  # "Failed to bind to address ..."
+        port = 0
     if port == 0:
-        raise OSError(f"cannot listen on {settings.host}:{settings.grpc_port}")
+        raise ServiceStartError(f"{_command(settings)}: {_bind_problem(settings.host, settings.grpc_port)}")
     await server.start()
     running = RunningServer(server, port, health_servicer, names, settings.shutdown_grace_s, on_stop)
     await running.set_serving(True)
@@ -132,13 +155,39 @@ async def start_server(settings: ServerSettings, register: Register, on_stop: It
 
 
 def start_metrics(port: int | None) -> int | None:
-    """Serves Prometheus /metrics (the default registry) on `port` (0: any); returns the port."""
+    """Serves Prometheus /metrics (the default registry) on `port` (0: any); returns the port. Raises OSError when
+    the port is taken."""
     if port is None:
         return None
     from prometheus_client import start_http_server
 
     server, _ = start_http_server(port)
     return server.server_port
+
+
+def _command(settings: ServerSettings) -> str:
+    """How error messages name the service: `bear serve router` for bear-router."""
+    name = settings.service_name
+    return f"bear serve {name.removeprefix('bear-')}" if name.startswith("bear-") else name
+
+
+def _bind_problem(host: str, port: int) -> str:
+    """Why gRPC could not listen on host:port, as far as a plain socket can tell, naming the flag at fault."""
+    address = f"{host}:{port}"
+    try:
+        candidates = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM,
+                                        flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as error:
+        return f"--host {host}: cannot listen on {address}: not a known host ({error})"
+    for family, kind, protocol, _, socket_address in candidates:
+        try:
+            with socket.socket(family, kind, protocol) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(socket_address)
+        except OSError as error:
+            flag = f"--grpc-port {port}" if error.errno == errno.EADDRINUSE else f"--host {host}"
+            return f"{flag}: cannot listen on {address}: {error.strerror or error}"
+    return f"--host {host} / --grpc-port {port}: cannot listen on {address}"
 
 
 def configure_logging() -> None:
@@ -154,13 +203,18 @@ def announce(grpc_port: int, metrics_port: int | None) -> None:
 
 def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
     """Runs a service's main coroutine on uvloop where it is installed (about 30% less time per call here), else on
-    asyncio's default loop."""
+    asyncio's default loop. A server that cannot start ends the process: its message on stderr, exit status 2."""
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is not available on every platform
-        asyncio.run(main)
+        run: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
     else:
-        uvloop.run(main)
+        run = uvloop.run
+    try:
+        run(main)
+    except ServiceStartError as error:
+        print(error, file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT) from None
 
 
 async def serve_until_stopped(settings: ServerSettings, register: Register,
@@ -170,7 +224,12 @@ async def serve_until_stopped(settings: ServerSettings, register: Register,
     """Runs the service until SIGTERM/SIGINT; `background` tasks run alongside and are cancelled at shutdown."""
     configure_tracing(settings.service_name)
     running = await start_server(settings, register, on_stop)
-    metrics_port = start_metrics(settings.metrics_port)
+    try:
+        metrics_port = start_metrics(settings.metrics_port)
+    except OSError as error:  # the gRPC server stops before the loop closes (its callbacks need the loop)
+        await running.server.stop(None)
+        raise ServiceStartError(f"{_command(settings)}: --metrics-port {settings.metrics_port}: cannot serve /metrics "
+                                f"on port {settings.metrics_port}: {error.strerror or error}") from None
     # What start-up built (modules, models, caches) lives as long as the process: out of the collector's passes, so
     # that a full collection does not stall calls for tens of milliseconds.
     gc.freeze()
@@ -186,3 +245,112 @@ async def serve_until_stopped(settings: ServerSettings, register: Register,
     for task in tasks:
         task.cancel()
     await running.stop()
+
+
+# Requests that do not decode -------------------------------------------------------------------------------------
+
+class _Malformed:
+    """What the guarded deserializer hands on for bytes that are not the method's message."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _malformed_details(request: _Malformed) -> str:
+    return f"malformed request: {request.reason}"
+
+
+class _GuardedRegistration:
+    """The server as `register` sees it: every method handler added through it decodes requests without raising, and
+    answers bytes that are no message INVALID_ARGUMENT (gRPC's own answer would be UNKNOWN, with a traceback in the
+    log for each call). Everything else is the server's."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
+        self._server.add_generic_rpc_handlers(tuple(_GuardedGenericHandler(h) for h in handlers))
+
+    def add_registered_method_handlers(self, service: str, handlers: Mapping[str, grpc.RpcMethodHandler]) -> None:
+        self._server.add_registered_method_handlers(service, {name: _guarded(h) for name, h in handlers.items()})
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._server, name)
+
+
+class _GuardedGenericHandler(grpc.GenericRpcHandler):
+    def __init__(self, inner: grpc.GenericRpcHandler) -> None:
+        self._inner = inner
+        self._guarded: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}  # method → (its, ours)
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        handler = self._inner.service(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        known = self._guarded.get(method)
+        if known is None or known[0] is not handler:
+            known = self._guarded[method] = (handler, _guarded(handler))
+        return known[1]
+
+
+def _guarded(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """`handler` with a deserializer that hands undecodable bytes on as _Malformed and a behaviour that answers
+    them INVALID_ARGUMENT. Blocking behaviours (none of BEAR's) are left as they are."""
+    deserialize = handler.request_deserializer
+    behaviour = handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
+    if deserialize is None or not (inspect.iscoroutinefunction(behaviour) or inspect.isasyncgenfunction(behaviour)):
+        return handler
+
+    def decode(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as error:  # noqa: BLE001 - any failure to decode is the caller's malformed request
+            return _Malformed(str(error) or type(error).__name__)
+
+    serialize = handler.response_serializer
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(_checked_request(behaviour), decode, serialize)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(_checked_request(behaviour), decode, serialize)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(_checked_requests(behaviour), decode, serialize)
+    return grpc.stream_stream_rpc_method_handler(_checked_requests(behaviour), decode, serialize)
+
+
+def _checked_request(behaviour: Callable[..., Any]) -> Callable[..., Any]:
+    """A unary-request behaviour of the same kind (coroutine or async generator) that refuses a _Malformed request."""
+    if inspect.isasyncgenfunction(behaviour):
+        async def stream_answers(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            if isinstance(request, _Malformed):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _malformed_details(request))
+            async for response in behaviour(request, context):
+                yield response
+        return stream_answers
+
+    async def answer(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, _Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _malformed_details(request))
+        return await behaviour(request, context)
+    return answer
+
+
+def _checked_requests(behaviour: Callable[..., Any]) -> Callable[..., Any]:
+    """A streamed-request behaviour of the same kind that ends the call INVALID_ARGUMENT at a _Malformed request."""
+    async def checked(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        async for request in requests:
+            if isinstance(request, _Malformed):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _malformed_details(request))
+            yield request
+
+    if inspect.isasyncgenfunction(behaviour):
+        async def stream_answers(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            async for response in behaviour(checked(requests, context), context):
+                yield response
+        return stream_answers
+
+    async def answer(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await behaviour(checked(requests, context), context)
+    return answer

@@ -100,7 +100,13 @@ def _request_to_json(r: ResidentRequest, *, waiting: bool) -> dict[str, Any]:
 
 
 def result_to_json(result: ReplayResult) -> dict[str, Any]:
-    """The printed form of a replay result (docs/replay-case.md, Output)."""
+    """The printed form of a replay result (docs/replay-case.md, Output). Raises CaseError when the coefficients are
+    so large that a batch's time overflows (JSON has no infinity)."""
+    times = [result.elapsed_s, *(b.time_s for b in result.batches)]
+    if result.ttft_s is not None:
+        times.append(result.ttft_s)
+    if not all(math.isfinite(t) for t in times):
+        raise CaseError("batch_time: the coefficients are too large: a batch's time overflows a double")
     out: dict[str, Any] = {
         "status": str(result.status),
         "feasible": result.feasible,
@@ -184,32 +190,53 @@ def _list(obj: dict[str, Any], key: str) -> list[Any]:
 def _int(obj: dict[str, Any], key: str, path: str, minimum: int) -> int:
     value = obj[key]
     if isinstance(value, bool) or not isinstance(value, int):
-        raise CaseError(f"{path}: must be an integer, got {value!r}")
+        raise CaseError(f"{path}: must be an integer, got {_shown(value)}")
     if value < minimum:
-        raise CaseError(f"{path}: must be >= {minimum}, got {value}")
+        raise CaseError(f"{path}: must be >= {minimum}, got {_shown(value)}")
     if value >= 2**31:
-        raise CaseError(f"{path}: must be below 2**31, got {value}")
+        raise CaseError(f"{path}: must be below 2**31, got {_shown(value)}")
     return value
 
 
 def _bool(obj: dict[str, Any], key: str, path: str) -> bool:
     value = obj[key]
     if not isinstance(value, bool):
-        raise CaseError(f"{path}: must be true or false, got {value!r}")
+        raise CaseError(f"{path}: must be true or false, got {_shown(value)}")
     return value
 
 
 def _number(obj: dict[str, Any], key: str, path: str, *, positive: bool = False) -> float:
     value = obj[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise CaseError(f"{path}: must be a finite number, got {value!r}")
-    if value < 0 or (positive and value == 0):
-        raise CaseError(f"{path}: must be {'> 0' if positive else '>= 0'}, got {value}")
-    return float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CaseError(f"{path}: must be a finite number, got {_shown(value)}")
+    try:
+        number = float(value)  # an integer literal beyond a double's range overflows here
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise CaseError(f"{path}: must be a finite number, got {_shown(value)}")
+    if number < 0 or (positive and number == 0):
+        raise CaseError(f"{path}: must be {'> 0' if positive else '>= 0'}, got {_shown(value)}")
+    return number
 
 
 def _string(obj: dict[str, Any], key: str, path: str) -> str:
     value = obj[key]
     if not isinstance(value, str) or not value:
-        raise CaseError(f"{path}: must be a non-empty string, got {value!r}")
+        raise CaseError(f"{path}: must be a non-empty string, got {_shown(value)}")
     return value
+
+
+def _shown(value: Any) -> str:
+    """A bad value as an error message shows it: short, whatever its size (a 400-digit integer, a nested array)."""
+    if isinstance(value, dict):
+        return "a JSON object"
+    if isinstance(value, list):
+        return "a JSON array"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**20:
+        try:
+            return f"an integer of {len(str(abs(value)))} digits"
+        except ValueError:  # more digits than Python converts to text
+            return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

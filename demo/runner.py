@@ -16,10 +16,12 @@ import contextlib
 import json
 import math
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -38,6 +40,17 @@ WARMUP_POLICY = "round-robin"
 ARRIVAL_SHARE = 0.75  # of each turn: queries arrive during this share, the rest lets them finish
 READY_TIMEOUT_S = 60.0
 CALIBRATION_TIMEOUT_S = 20.0
+MAX_SEED = 2**31 - 1  # the predictor's training seed is LightGBM's, a C int
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # end the run as Ctrl-C does: the services and the pool stop first
+
+
+class DemoInterrupted(BaseException):
+    """The run was ended by a signal (STOP_SIGNALS) after its services and pool were stopped. A BaseException, as
+    KeyboardInterrupt is: no `except Exception` on the way may swallow it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +76,8 @@ class DemoConfig:
             raise ValueError(f"policies: each at most once, got {', '.join(self.policies)}")
         if self.duration_s <= self.warmup_s:
             raise ValueError(f"duration must exceed the warm-up ({self.warmup_s:g} s), got {self.duration_s:g}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed must be an integer in [0, {MAX_SEED}], got {self.seed!r}")
 
     @property
     def turn_s(self) -> float:
@@ -70,7 +85,8 @@ class DemoConfig:
 
 
 def run_demo(config: DemoConfig, out: TextIO = sys.stdout, status: TextIO = sys.stderr) -> dict[str, Any]:
-    """Runs the demo; prints the results to `out` and progress to `status`; returns the results."""
+    """Runs the demo; prints the results to `out` and progress to `status`; returns the results. Called from the main
+    thread, SIGTERM and SIGHUP stop the services and the pool, then raise DemoInterrupted."""
     from bear.routing.registry import UnknownPolicy, build_policy
 
     for name in config.policies:
@@ -78,8 +94,16 @@ def run_demo(config: DemoConfig, out: TextIO = sys.stdout, status: TextIO = sys.
             build_policy(name)
         except UnknownPolicy as error:
             raise ValueError(f"policies: {error}") from None
+    with _ended_by_signals():
+        return _run(config, out, status)
+
+
+def _run(config: DemoConfig, out: TextIO, status: TextIO) -> dict[str, Any]:
     folder = config.run_folder or Path(tempfile.mkdtemp(prefix="bear-demo-"))
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"run folder {folder}: {error.strerror or error}") from None
     say = _Status(status)
     say.line(f"bear demo: run folder {folder} (service logs)")
     say.line("preparing the predictor (trained on the synthetic evaluation table; cached after the first run) …")
@@ -90,6 +114,41 @@ def run_demo(config: DemoConfig, out: TextIO = sys.stdout, status: TextIO = sys.
     report = {"policies": results, "rate_qps": config.rate_qps, "turn_s": config.turn_s, "seed": config.seed}
     _print_results(report, config, out)
     return report
+
+
+@contextlib.contextmanager
+def _ended_by_signals() -> Iterator[None]:
+    """While the demo runs, STOP_SIGNALS raise DemoInterrupted (once: a second signal does not cut the clean-up
+    short). Only the main thread can install signal handlers; elsewhere, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    raised = False
+
+    def interrupt(signum: int, frame: object) -> None:
+        nonlocal raised
+        if not raised:
+            raised = True
+            raise DemoInterrupted(signum)
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _stop_all(parts: Iterable[ServiceProcess | PoolProcess]) -> None:
+    """Stops every part, even when stopping one is interrupted (a signal during the clean-up); then re-raises."""
+    interruption: BaseException | None = None
+    for part in parts:
+        try:
+            part.stop()
+        except BaseException as error:  # noqa: BLE001 - re-raised once the others are stopped
+            interruption = interruption or error
+    if interruption is not None:
+        raise interruption
 
 
 @contextlib.contextmanager
@@ -148,9 +207,7 @@ def _stack(config: DemoConfig, artifact: Path, folder: Path, redis_url: str,
         say.line(f"router on {router.address}{metrics}")
         yield router, pool, sink
     finally:
-        for service in reversed(services):
-            service.stop()
-        pool.stop()
+        _stop_all([*reversed(services), pool])
 
 
 async def _drive(config: DemoConfig, router_address: str, prompts: Sequence[DemoPrompt], pool: PoolProcess,

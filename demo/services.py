@@ -46,7 +46,11 @@ class ServiceProcess:
         found: list[re.Match[str]] = []
         reader = threading.Thread(target=self._await_ready, args=(found,), daemon=True)
         reader.start()
-        reader.join(READY_TIMEOUT_S)
+        try:
+            reader.join(READY_TIMEOUT_S)
+        except BaseException:  # e.g. a signal ends the caller while it waits: the process does not outlive it
+            self.stop()
+            raise
         if not found:
             self.stop()
             raise ServiceFailed(f"bear serve {self.service} did not start; its log ({self.log_path}):\n"

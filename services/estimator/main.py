@@ -30,15 +30,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from bear.common.service import announce, configure_logging, run_event_loop
+    from bear.discovery.pools import PoolsFileError
+    from bear.predictor.artifact import ArtifactError
 
     configure_logging()
     try:
         config = load(flag_values(args, FLAGS), args.config)
     except ValueError as error:
-        print(f"bear serve estimator: {error}", file=sys.stderr)
-        return 2
-    run_event_loop(serve(config, on_ready=announce))
+        return _bad_input(str(error))
+    try:
+        run_event_loop(serve(config, on_ready=announce))
+    except PoolsFileError as error:  # read when the service is built
+        return _bad_input(f"--pools-file: {error}")
+    except ArtifactError as error:
+        return _bad_input(f"--predictor-model-dir: {error}")
     return 0
+
+
+def _bad_input(message: str) -> int:
+    print(f"bear serve estimator: {message}", file=sys.stderr)
+    return 2
 
 
 class EstimatorService:
@@ -126,7 +137,11 @@ async def start(config: EstimatorConfig, clock: Callable[[], float] = time.time)
     from bear.common.service import start_server
 
     service = EstimatorService(config, clock)
-    running = await start_server(service.settings(), service.register, [service.servicer.streams.close])
+    try:
+        running = await start_server(service.settings(), service.register, [service.servicer.streams.close])
+    except BaseException:  # e.g. ServiceStartError: its Redis connections close all the same
+        await service.close()
+        raise
     return StartedEstimator(service, running, asyncio.create_task(service.run_background()))
 
 

@@ -52,6 +52,7 @@ from bear.common.redis_config import ENVIRONMENT as REDIS_ENVIRONMENT
 from bear.common.redis_config import RedisConfig
 from bear.discovery.config import ENVIRONMENT as DISCOVERY_ENVIRONMENT
 from bear.discovery.config import DiscoveryConfig
+from bear.router.query import MAX_WEIGHT
 
 TOKENIZERS = ("qwen", "pretokens")
 ENVIRONMENT = (
@@ -126,8 +127,8 @@ class RouterConfig:
                             ("BEAR_ROUTER_FALLBACK_SNAPSHOT_AGE_S", self.fallback_snapshot_max_age_s)):
             _require(math.isfinite(value) and value > 0, f"{name} must be > 0, got {value!r}")
         _require(self.default_output_tokens >= 1, "BEAR_ROUTER_DEFAULT_OUTPUT_TOKENS must be >= 1")
-        _require(math.isfinite(self.lambda_per_micro_usd) and self.lambda_per_micro_usd >= 0,
-                 f"BEAR_LAMBDA_PER_MICRO_USD must be >= 0, got {self.lambda_per_micro_usd!r}")
+        _require(math.isfinite(self.lambda_per_micro_usd) and 0 <= self.lambda_per_micro_usd <= MAX_WEIGHT,
+                 f"BEAR_LAMBDA_PER_MICRO_USD must be in [0, {MAX_WEIGHT:g}], got {self.lambda_per_micro_usd!r}")
         _require(self.max_prompt_bytes > 0, "BEAR_ROUTER_MAX_PROMPT_BYTES must be > 0")
         _require(self.max_prompt_tokens > 0, "BEAR_ROUTER_MAX_PROMPT_TOKENS must be > 0")
         _require(self.tokenizer in TOKENIZERS,

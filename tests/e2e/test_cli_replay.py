@@ -70,3 +70,27 @@ def test_missing_file_and_bad_repeat_exit_2(tmp_path: Path) -> None:
     case.write_text(json.dumps(EXAMPLE))
     completed = _bear("replay", str(case), "--repeat", "0")
     assert completed.returncode == 2 and "--repeat" in completed.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (json.dumps(EXAMPLE).replace('"q"', '"q\u00e9"').encode("latin-1"), "is not UTF-8 text (byte 0xe9"),
+        (b"[" * 100_000, "nests arrays or objects too deeply"),
+        (json.dumps(_with("batch_time.b0", 1)).replace('"b0": 1', '"b0": ' + "9" * 5000).encode(), "digits"),
+        (json.dumps(_with("batch_time.b0", int("9" * 400))).encode(), "batch_time.b0: must be a finite number"),
+        (json.dumps(_with("engine.watermark", int("9" * 400))).encode(), "engine.watermark: must be a finite number"),
+        (json.dumps(_with("horizon_s", int("9" * 400))).encode(), "horizon_s: must be a finite number"),
+        (json.dumps(_with("batch_time", {"b0": 1e308, "b1": 1e308, "b2": 1e308, "b3": 1e308})).encode(),
+         "batch_time: the coefficients are too large"),
+    ],
+    ids=["latin-1", "deep", "5000-digits", "huge-b0", "huge-watermark", "huge-horizon", "overflowing-times"],
+)
+def test_a_case_file_that_breaks_the_reader_exits_2_without_a_traceback(tmp_path: Path, content: bytes,
+                                                                          message: str) -> None:
+    case = tmp_path / "case.json"
+    case.write_bytes(content)
+    completed = _bear("replay", str(case))
+    assert completed.returncode == 2, completed.stderr
+    assert message in completed.stderr and "Traceback" not in completed.stderr
+    assert completed.stdout == ""

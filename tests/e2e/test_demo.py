@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 BEAR = shutil.which("bear") or str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "bear")
@@ -46,8 +50,75 @@ def test_demo_routes_a_workload_with_three_policies(tmp_path: Path) -> None:
     (["--rate", "nan"], "--rate"),
     (["--policies", "bear,no-such-policy"], "no-such-policy"),
     (["--policies", "bear,bear"], "policies"),
+    (["--seed", "-1"], "--seed"),
+    (["--seed", str(2**31)], "--seed"),
 ])
 def test_demo_rejects_bad_input_naming_it(tmp_path: Path, args: list[str], message: str) -> None:
     completed = _run(args, tmp_path, timeout_s=120)
     assert completed.returncode == 2
     assert message in completed.stderr
+
+
+def test_a_run_folder_or_json_file_that_cannot_be_used_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for args, message in ((["--run-folder", str(a_file)], "--run-folder"),
+                          (["--run-folder", str(a_file / "run")], "--run-folder"),
+                          (["--json", str(a_file / "out" / "demo.json")], "--json")):
+        started = time.monotonic()
+        completed = _run(args, tmp_path, timeout_s=120)
+        assert completed.returncode == 2, completed.stderr[-3000:]
+        assert message in completed.stderr and "Traceback" not in completed.stderr
+        assert "preparing the predictor" not in completed.stderr  # found up front, not after the run
+        assert time.monotonic() - started < 60
+
+
+def test_sigterm_stops_the_services_and_the_pool_with_the_demo(tmp_path: Path) -> None:
+    stop_signal = signal.SIGTERM
+    run_folder = tmp_path / "run"
+    environ = dict(os.environ, BEAR_CACHE_DIR=str(tmp_path / "cache"))
+    demo = subprocess.Popen([BEAR, "demo", "--duration", "120", "--run-folder", str(run_folder)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=environ)
+    lines: list[str] = []
+    router_up = threading.Event()
+
+    def read_status() -> None:
+        assert demo.stderr is not None
+        for line in demo.stderr:
+            lines.append(line)
+            if line.startswith("router on "):
+                router_up.set()
+
+    reader = threading.Thread(target=read_status, daemon=True)
+    reader.start()
+    children: list[psutil.Process] = []
+    try:
+        assert router_up.wait(300), "".join(lines)[-3000:]
+        children = psutil.Process(demo.pid).children(recursive=True)
+        children += [p for p in psutil.process_iter() if _cwd(p) == str(run_folder)]  # the embedded Redis
+        names = " ".join(" ".join(c.cmdline()[3:6]) for c in children)
+        assert all(f"serve {service}" in names for service in ("predictor", "estimator", "router")), names
+        assert any("redis-server" in c.name() for c in children), names
+        demo.send_signal(stop_signal)
+        assert demo.wait(60) == 128 + stop_signal, "".join(lines)[-3000:]
+        gone, alive = psutil.wait_procs(children, timeout=5)
+        assert not alive, [p.cmdline() for p in alive]
+        assert "Traceback" not in "".join(lines)
+    finally:
+        for process in [*children, psutil.Process(demo.pid) if demo.poll() is None else None]:
+            if process is not None:
+                try:
+                    process.kill()
+                except psutil.NoSuchProcess:
+                    pass
+        demo.wait(10)
+        reader.join(10)
+        if demo.stderr is not None:
+            demo.stderr.close()
+
+
+def _cwd(process: psutil.Process) -> str | None:
+    try:
+        return process.cwd()
+    except psutil.Error:
+        return None

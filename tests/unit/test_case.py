@@ -40,6 +40,7 @@ def _with(path: str, value: Any) -> dict[str, Any]:
 
 
 _DELETE = object()
+HUGE = int("9" * 400)  # beyond a double's range
 
 
 def test_the_example_case_replays() -> None:
@@ -82,6 +83,7 @@ def test_a_prefilling_request_keeps_its_computed_tokens() -> None:
         ("query.output_tokens", 0, "query.output_tokens: must be >= 1"),
         ("batch_time.b2", -1e-9, "batch_time.b2: must be >= 0"),
         ("horizon_s", 0, "horizon_s: must be > 0"),
+
         ("free_blocks", 1950, "exceed num_gpu_blocks"),
         ("extra", 1, "case.extra: unknown key"),
     ],
@@ -94,6 +96,30 @@ def test_bad_input_names_the_field(path: str, value: Any, message: str) -> None:
         replay(case.state, case.query, case.coefficients)
 
 
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("horizon_s", HUGE, "horizon_s: must be a finite number, got an integer of 400 digits"),
+        ("batch_time.b0", HUGE, "batch_time.b0: must be a finite number, got an integer of 400 digits"),
+        ("engine.watermark", -HUGE, "engine.watermark: must be a finite number"),
+        ("free_blocks", HUGE, "free_blocks: must be below 2**31, got an integer of 400 digits"),
+        ("free_blocks", [[[[1]]]], "free_blocks: must be an integer, got a JSON array"),
+    ],
+    ids=["huge-horizon", "huge-b0", "huge-negative-watermark", "huge-free-blocks", "nested-array"],
+)
+def test_a_value_beyond_a_double_or_nested_is_refused_in_a_short_message(path: str, value: Any, message: str) -> None:
+    with pytest.raises(CaseError, match=re.escape(message)) as raised:
+        parse_case(_with(path, value))
+    assert len(str(raised.value)) < 120
+
+
 def test_not_an_object() -> None:
     with pytest.raises(CaseError, match="case: must be a JSON object"):
         parse_case([1, 2])
+
+
+def test_coefficients_whose_batch_times_overflow_are_refused_not_printed_as_infinity() -> None:
+    case = parse_case(_with("batch_time", {"b0": 1e308, "b1": 1e308, "b2": 1e308, "b3": 1e308}))
+    result = replay(case.state, case.query, case.coefficients, record_batches=True)
+    with pytest.raises(CaseError, match="batch_time: the coefficients are too large"):
+        result_to_json(result)

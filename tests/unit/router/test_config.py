@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -58,7 +59,8 @@ def test_policy_parameters_are_json() -> None:
     ({"BEAR_ROUTER_GRPC_PORT": "x"}, "BEAR_ROUTER_GRPC_PORT must be an integer"),
     ({"BEAR_ROUTER_GRPC_PORT": "70000"}, "BEAR_ROUTER_GRPC_PORT must be a port number"),
     ({"BEAR_ROUTER_PREDICTOR_TIMEOUT_MS": "0"}, "BEAR_ROUTER_PREDICTOR_TIMEOUT_MS must be > 0"),
-    ({"BEAR_LAMBDA_PER_MICRO_USD": "-1"}, "BEAR_LAMBDA_PER_MICRO_USD must be >= 0"),
+    ({"BEAR_LAMBDA_PER_MICRO_USD": "-1"}, "BEAR_LAMBDA_PER_MICRO_USD must be in"),
+    ({"BEAR_LAMBDA_PER_MICRO_USD": "1e300"}, "BEAR_LAMBDA_PER_MICRO_USD must be in"),
     ({"BEAR_ROUTER_TOKENIZER": "gpt"}, "BEAR_ROUTER_TOKENIZER must be one of qwen, pretokens"),
     ({"BEAR_ROUTER_MAX_TTFT_SLO_MS": "nan"}, "BEAR_ROUTER_MAX_TTFT_SLO_MS must be > 0"),
     ({"BEAR_ROUTER_CALL_STREAMS": "maybe"}, r"BEAR_ROUTER_CALL_STREAMS must be true or false \(on or off\), got 'maybe'"),
@@ -84,5 +86,33 @@ def test_policies_are_checked_when_the_router_is_built() -> None:
         build_policies(RouterConfig(default_policy="nope"))
     with pytest.raises(ValueError, match="has no parameter 'speed'"):
         build_policies(RouterConfig(policy_params={"bear": {"speed": 1}}))
-    with pytest.raises(ValueError, match="policies: unknown policy 'nope'"):
+    with pytest.raises(ValueError, match="BEAR_ROUTER_POLICY_PARAMS: unknown policy 'nope'"):
         build_policies(RouterConfig(policy_params={"nope": {}}))
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"bear": {"safety": "x"}}, "BEAR_ROUTER_POLICY_PARAMS: policy 'bear': parameter 'safety' must be a number, "
+                                "got 'x'"),
+    ({"bear": {"safety": True}}, "BEAR_ROUTER_POLICY_PARAMS: policy 'bear': parameter 'safety' must be a number"),
+    ({"bear": {"fallback": 3}}, "BEAR_ROUTER_POLICY_PARAMS: policy 'bear': parameter 'fallback' must be a string"),
+    ({"bear": {"safety": -1}}, "BEAR_ROUTER_POLICY_PARAMS: policy 'bear': safety must be a positive number"),
+    ({"vllm-sr": {"window": 2.5}}, "BEAR_ROUTER_POLICY_PARAMS: policy 'vllm-sr': parameter 'window' must be an "
+                                   "integer"),
+    ({"score": {"cost_weight_per_micro_usd": "x"}}, "parameter 'cost_weight_per_micro_usd' must be a number or null"),
+    ({"shortest-queue": {"speed": 1}}, "BEAR_ROUTER_POLICY_PARAMS: policy 'shortest-queue' has no parameter 'speed'"),
+])
+def test_policy_parameters_of_the_wrong_type_name_the_variable_the_policy_and_the_parameter(
+        params: dict[str, dict[str, object]], message: str) -> None:
+    from bear.router.main import build_policies
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build_policies(RouterConfig(policy_params=params))
+
+
+def test_policy_parameters_of_the_right_types_build() -> None:
+    from bear.router.main import build_policies
+
+    policies, _ = build_policies(RouterConfig(policy_params={
+        "bear": {"safety": 2, "fallback": "shed"}, "score": {"cost_weight_per_micro_usd": None},
+        "vllm-sr": {"window": 10}}))
+    assert policies["bear"].safety == 2 and policies["vllm-sr"].window == 10  # type: ignore[attr-defined]

@@ -1,0 +1,131 @@
+"""A service that cannot listen (`bear.common.service`): a host that is not local, a gRPC port in use (even by another
+BEAR server: gRPC's SO_REUSEPORT is off, so the two never share its calls), a /metrics port in use. In process,
+ServiceStartError names the flag and the address; from `bear serve`, exit status 2 with that message, no traceback,
+and no second server answering on the port."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from bear.common.service import RunningServer, ServerSettings, ServiceStartError, start_server
+from bear.predictor.catalog import PAPER_POOL
+from bear.predictor.synthetic_corpus import generate
+from bear.predictor.training import TrainingConfig, train
+from tests.served import BEAR
+from tests.service_loop import LoopThread
+
+UNREACHABLE_REDIS = "redis://127.0.0.1:1/0"  # the services must fail at their port, before Redis matters
+
+
+def _nothing(server: grpc.aio.Server) -> list[str]:
+    return []
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[LoopThread]:
+    thread = LoopThread()
+    yield thread
+    thread.close()
+
+
+@pytest.fixture(scope="module")
+def running(loop: LoopThread) -> Iterator[RunningServer]:
+    """A BEAR server holding a loopback port."""
+    server = loop.run(start_server(ServerSettings("bear-test", "127.0.0.1", 0, None, 0.5), _nothing))
+    yield server
+    loop.run(server.stop())
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A port a plain socket listens on."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        yield listener.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def artifact_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("predictor") / "artifact"
+    train(generate(450, seed=1).table, PAPER_POOL, TrainingConfig(num_trees=10)).save(folder)
+    return folder
+
+
+def test_a_host_that_is_not_known_names_host(loop: LoopThread) -> None:
+    with pytest.raises(ServiceStartError, match="bear serve test: --host bad_host: cannot listen on bad_host:0"):
+        loop.run(start_server(ServerSettings("bear-test", "bad_host", 0, None), _nothing))
+
+
+def test_a_second_server_on_the_port_of_a_running_one_is_refused(loop: LoopThread, running: RunningServer) -> None:
+    with pytest.raises(ServiceStartError, match=f"--grpc-port {running.port}: cannot listen on "
+                                                f"127.0.0.1:{running.port}: Address already in use"):
+        loop.run(start_server(ServerSettings("bear-test", "127.0.0.1", running.port, None), _nothing))
+    with grpc.insecure_channel(f"127.0.0.1:{running.port}") as channel:  # the first one still serves
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def _serve(service: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([BEAR, "serve", service, *flags], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "BEAR_REDIS_URL": UNREACHABLE_REDIS})
+
+
+def _service_flags(service: str, artifact_dir: Path) -> list[str]:
+    return ["--model-dir", str(artifact_dir)] if service == "predictor" else []
+
+
+def _assert_refused(completed: subprocess.CompletedProcess[str], service: str, message: str) -> None:
+    assert completed.returncode == 2, completed.stderr[-3000:]
+    assert f"bear serve {service}: {message}" in completed.stderr, completed.stderr[-3000:]
+    assert "Traceback" not in completed.stderr and "Event loop is closed" not in completed.stderr
+    assert "grpc_port=" not in completed.stdout
+
+
+@pytest.mark.parametrize("service", ["predictor", "estimator", "router"])
+def test_bear_serve_refuses_a_bad_host(service: str, artifact_dir: Path) -> None:
+    completed = _serve(service, *_service_flags(service, artifact_dir), "--host", "bad_host", "--grpc-port", "0",
+                       "--metrics-port", "off")
+    _assert_refused(completed, service, "--host bad_host: cannot listen on bad_host:0")
+
+
+@pytest.mark.parametrize("service", ["predictor", "estimator", "router"])
+def test_bear_serve_refuses_a_metrics_port_in_use(service: str, artifact_dir: Path, taken_port: int) -> None:
+    completed = _serve(service, *_service_flags(service, artifact_dir), "--host", "127.0.0.1", "--grpc-port", "0",
+                       "--metrics-port", str(taken_port))
+    _assert_refused(completed, service, f"--metrics-port {taken_port}: cannot serve /metrics on port {taken_port}")
+
+
+@pytest.mark.parametrize("service", ["predictor", "estimator"])
+def test_bear_serve_refuses_the_port_of_a_running_bear_server(service: str, artifact_dir: Path,
+                                                              running: RunningServer) -> None:
+    completed = _serve(service, *_service_flags(service, artifact_dir), "--host", "127.0.0.1", "--grpc-port",
+                       str(running.port), "--metrics-port", "off")
+    _assert_refused(completed, service, f"--grpc-port {running.port}: cannot listen on 127.0.0.1:{running.port}")
+
+
+@pytest.mark.parametrize("service", ["estimator", "router"])
+@pytest.mark.parametrize(("content", "message"), [("pools: [", "is not YAML"), (None, "pools file")],
+                         ids=["not-yaml", "missing"])
+def test_bear_serve_refuses_a_bad_pools_file(service: str, content: str | None, message: str, tmp_path: Path) -> None:
+    pools = tmp_path / "pools.yaml"
+    if content is not None:
+        pools.write_text(content)
+    completed = _serve(service, "--pools-file", str(pools), "--host", "127.0.0.1", "--grpc-port", "0",
+                       "--metrics-port", "off")
+    assert completed.returncode == 2, completed.stderr[-3000:]
+    assert completed.stderr.count(f"bear serve {service}: ") == 1 and message in completed.stderr
+    assert "Traceback" not in completed.stderr
+
+
+def test_bear_serve_estimator_refuses_a_directory_that_is_no_predictor_artifact(tmp_path: Path) -> None:
+    completed = _serve("estimator", "--predictor-model-dir", str(tmp_path), "--grpc-port", "0", "--metrics-port", "off")
+    _assert_refused(completed, "estimator", f"--predictor-model-dir: {tmp_path}: not a predictor artifact")
