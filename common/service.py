@@ -147,7 +147,7 @@ async def start_server(settings: ServerSettings, register: Register, on_stop: It
     except RuntimeError:  # "Failed to bind to address ..."
         port = 0
     if port == 0:
-        raise ServiceStartError(f"{_command(settings)}: {_bind_problem(settings.host, settings.grpc_port)}")
+        raise ServiceStartError(f"{_command(settings)}: {bind_problem(settings.host, settings.grpc_port)}")
     await server.start()
     running = RunningServer(server, port, health_servicer, names, settings.shutdown_grace_s, on_stop)
     await running.set_serving(True)
@@ -171,23 +171,24 @@ def _command(settings: ServerSettings) -> str:
     return f"bear serve {name.removeprefix('bear-')}" if name.startswith("bear-") else name
 
 
-def _bind_problem(host: str, port: int) -> str:
-    """Why gRPC could not listen on host:port, as far as a plain socket can tell, naming the flag at fault."""
+def bind_problem(host: str, port: int, host_flag: str = "--host", port_flag: str = "--grpc-port") -> str:
+    """Why gRPC could not listen on host:port, as far as a plain socket can tell, naming the flag (or variable) at
+    fault."""
     address = f"{host}:{port}"
     try:
         candidates = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM,
                                         flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError) as error:
-        return f"--host {host}: cannot listen on {address}: not a known host ({error})"
+        return f"{host_flag} {host}: cannot listen on {address}: not a known host ({error})"
     for family, kind, protocol, _, socket_address in candidates:
         try:
             with socket.socket(family, kind, protocol) as probe:
                 probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 probe.bind(socket_address)
         except OSError as error:
-            flag = f"--grpc-port {port}" if error.errno == errno.EADDRINUSE else f"--host {host}"
+            flag = f"{port_flag} {port}" if error.errno == errno.EADDRINUSE else f"{host_flag} {host}"
             return f"{flag}: cannot listen on {address}: {error.strerror or error}"
-    return f"--host {host} / --grpc-port {port}: cannot listen on {address}"
+    return f"{host_flag} {host} / {port_flag} {port}: cannot listen on {address}"
 
 
 def configure_logging() -> None:

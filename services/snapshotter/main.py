@@ -11,6 +11,7 @@ from typing import Any
 from grpc_health.v1 import health
 
 from bear.common.redis_config import connect
+from bear.common.service import ServiceStartError
 from bear.snapshotter.calibration import OnlineCalibrator
 from bear.snapshotter.config import SnapshotterConfig
 from bear.snapshotter.metrics import SnapshotterCollector
@@ -39,11 +40,24 @@ def run(config: SnapshotterConfig, stop: threading.Event | None = None,
     health_servicer = health.HealthServicer()
     snapshotter = Snapshotter(config, reader, publisher, calibrator,
                               on_availability=lambda available: set_availability(health_servicer, available))
-    server, port = make_server(snapshotter, health_servicer, config.grpc_host, config.grpc_port)
+    try:
+        server, port = make_server(snapshotter, health_servicer, config.grpc_host, config.grpc_port)
+    except ServiceStartError:
+        reader.close()
+        client.close()
+        raise
     set_availability(health_servicer, False)
     server.start()
     publisher.start()
-    metrics_server, metrics_port = _serve_metrics(config.metrics_port, SnapshotterCollector(snapshotter, publisher))
+    try:
+        metrics_server, metrics_port = _serve_metrics(config.metrics_port, SnapshotterCollector(snapshotter, publisher))
+    except OSError as error:
+        server.stop(None).wait()
+        publisher.stop()
+        reader.close()
+        client.close()
+        raise ServiceStartError(f"bear snapshotter: --metrics-port {config.metrics_port}: cannot serve /metrics on "
+                                f"port {config.metrics_port}: {error.strerror or error}") from None
     logger.info("snapshotter of instance %s: region %s, Redis %s, gRPC on port %d, metrics on %s", config.instance_id,
                 reader.path, config.redis.describe(), port, metrics_port)
     if on_ready is not None:

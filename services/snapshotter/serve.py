@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bear.common.service import announce, configure_logging  # grpc and redis only when the command runs
+    from bear.common.service import ServiceStartError, announce, configure_logging  # grpc, redis: when it runs
     from bear.snapshotter import main
 
     configure_logging()
@@ -38,7 +38,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"bear snapshotter: {error}", file=sys.stderr)
         return 2
-    main.run(config, on_ready=announce)
+    try:
+        main.run(config, on_ready=announce)
+    except ServiceStartError as error:
+        print(error, file=sys.stderr)
+        return 2
     return 0
 
 

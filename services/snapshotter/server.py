@@ -9,6 +9,7 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from bear.common.service import SERVER_OPTIONS, ServiceStartError, bind_problem
 from bear.snapshotter.sidecar import Snapshotter
 from bear.v1 import calibration_pb2, snapshot_pb2, snapshotter_pb2, snapshotter_pb2_grpc
 
@@ -53,12 +54,16 @@ class SnapshotterServicer(snapshotter_pb2_grpc.SnapshotterServicer):
 def make_server(source: Snapshotter, health_servicer: health.HealthServicer, host: str, port: int,
                 max_workers: int = 16) -> tuple[grpc.Server, int]:
     """A server (not started yet) with both services; returns it and the port it bound."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="bear-snapshotter"))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="bear-snapshotter"),
+                         options=SERVER_OPTIONS)
     snapshotter_pb2_grpc.add_SnapshotterServicer_to_server(SnapshotterServicer(source), server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:  # "Failed to bind to address ..."
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot listen on {host}:{port}")
+        raise ServiceStartError("bear snapshotter: " + bind_problem(host, port, "BEAR_SNAPSHOTTER_GRPC_HOST"))
     return server, bound
 
 

@@ -129,3 +129,15 @@ def test_bear_serve_refuses_a_bad_pools_file(service: str, content: str | None, 
 def test_bear_serve_estimator_refuses_a_directory_that_is_no_predictor_artifact(tmp_path: Path) -> None:
     completed = _serve("estimator", "--predictor-model-dir", str(tmp_path), "--grpc-port", "0", "--metrics-port", "off")
     _assert_refused(completed, "estimator", f"--predictor-model-dir: {tmp_path}: not a predictor artifact")
+
+
+def test_the_snapshotter_refuses_a_taken_grpc_or_metrics_port(running: RunningServer, taken_port: int,
+                                                              tmp_path: Path) -> None:
+    region = ["--region", str(tmp_path / "no-engine-yet"), "--instance-id", "i-0"]  # the sidecar waits for it
+    for flags, message in ((["--grpc-port", str(running.port), "--metrics-port", "off"],
+                            f"--grpc-port {running.port}: cannot listen on "),
+                           (["--grpc-port", "0", "--metrics-port", str(taken_port)],
+                            f"--metrics-port {taken_port}: cannot serve /metrics on port {taken_port}")):
+        completed = _serve("snapshotter", *region, *flags)
+        assert completed.returncode == 2, completed.stderr[-3000:]
+        assert f"bear snapshotter: {message}" in completed.stderr and "Traceback" not in completed.stderr
