@@ -107,7 +107,9 @@ def _predict(args: argparse.Namespace) -> int:
                 raise _Usage("max-tokens: must exceed --generated-tokens")
         text = args.prompt if args.prompt is not None else _read_prompt(args.prompt_file)
         predictor = load_predictor(args.model_dir)
-        models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None
+        models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models is not None else None
+        if models == []:
+            raise _Usage(f"models: no model name in {args.models!r}")
         out: dict[str, dict[str, Any]] = {}
         for name, p in predictor.predict(text, models).items():
             out[name] = {"accuracy": round(p.accuracy, 4), "output_tokens": round(p.output_tokens, 1),

@@ -1,18 +1,19 @@
 """The evaluation table an operator trains the predictor from: one row per (prompt, model) that was run and judged.
 
 Columns: prompt (text), model (a catalogue name), score (the judge's score normalised to [0, 1], Appendix C),
-output_tokens (the response's length, an integer >= 1), and optionally task (a label kept for reports; never a feature,
-since a prompt arriving at the router has none). Other columns are ignored. Formats, by file extension: Parquet
+output_tokens (the response's length, an integer >= 1), and optionally task (a label kept for reports, empty where
+missing; never a feature, since a prompt arriving at the router has none). Other columns are ignored. Formats, by file extension: Parquet
 (.parquet, .pq), CSV (.csv, with a header) and JSON Lines (.jsonl, .ndjson). An EvalsError names the column, and the
 row (counted from 1) where one is at fault.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import numpy as np
 
 REQUIRED_COLUMNS = ("prompt", "model", "score", "output_tokens")
 OPTIONAL_COLUMNS = ("task",)
+MAX_OUTPUT_TOKENS = 10**9  # a response longer than this is a broken row (and would not fit the int64 column)
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 
 
@@ -89,7 +91,7 @@ def table_from_columns(columns: Mapping[str, Sequence[Any]], *, from_text: bool 
     tokens = np.array([_tokens(v, i, from_text) for i, v in enumerate(columns["output_tokens"])], dtype=np.int64)
     tasks = None
     if "task" in columns:
-        tasks = tuple(_text(v, "task", i) for i, v in enumerate(columns["task"]))
+        tasks = tuple(_task(v, i) for i, v in enumerate(columns["task"]))
     if not (len(models) == len(scores) == len(tokens) == num_rows):
         raise EvalsError("evals: columns have different lengths")
     return EvalTable(prompts, models, scores, tokens, tasks)
@@ -101,7 +103,8 @@ def _read_columns(path: Path) -> tuple[dict[str, list[Any]], bool]:
         if kind == "parquet":
             return _parquet_columns(path), False
         if kind == "csv":
-            with path.open(newline="", encoding="utf-8") as source:
+            # utf-8-sig: spreadsheets start their CSV with a byte-order mark, which would stick to the first name
+            with path.open(newline="", encoding="utf-8-sig") as source, _csv_fields_of_any_size():
                 reader = csv.DictReader(source)
                 rows = list(reader)
                 names = [name for name in reader.fieldnames or () if isinstance(name, str)]
@@ -111,6 +114,16 @@ def _read_columns(path: Path) -> tuple[dict[str, list[Any]], bool]:
         raise EvalsError(f"evals: cannot read {path}: {error.strerror or error}") from None
     except (UnicodeDecodeError, csv.Error) as error:
         raise EvalsError(f"evals: {path} is not a readable {kind} file: {error}") from None
+
+
+@contextlib.contextmanager
+def _csv_fields_of_any_size() -> Iterator[None]:
+    """csv refuses fields over 128 KiB by default; a long-document prompt is larger."""
+    previous = csv.field_size_limit(2**31 - 1)
+    try:
+        yield
+    finally:
+        csv.field_size_limit(previous)
 
 
 def _parquet_columns(path: Path) -> dict[str, list[Any]]:
@@ -125,7 +138,8 @@ def _parquet_columns(path: Path) -> dict[str, list[Any]]:
 
 def _jsonl_columns(path: Path) -> dict[str, list[Any]]:
     columns: dict[str, list[Any]] = {}
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    # Lines end at "\n" only: splitlines() would also cut at U+2028, U+2029 and U+0085, which JSON strings may hold raw.
+    lines = [line for line in path.read_text(encoding="utf-8-sig").split("\n") if line.strip()]
     for i, line in enumerate(lines):
         try:
             record = json.loads(line)
@@ -151,6 +165,15 @@ def _text(value: Any, column: str, i: int) -> str:
     return value
 
 
+def _task(value: Any, i: int) -> str:
+    """The optional label: missing (None, NaN, empty) is ""."""
+    if value is None or value == "" or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if not isinstance(value, str):
+        raise EvalsError(f"evals row {i + 1}: task must be a string, got {value!r}")
+    return value
+
+
 def _score(value: Any, i: int, from_text: bool) -> float:
     number = _number(value, "score", i, from_text)
     if math.isnan(number):
@@ -162,8 +185,9 @@ def _score(value: Any, i: int, from_text: bool) -> float:
 
 def _tokens(value: Any, i: int, from_text: bool) -> int:
     number = _number(value, "output_tokens", i, from_text)
-    if not (math.isfinite(number) and number == int(number) and number >= 1):
-        raise EvalsError(f"evals row {i + 1}: output_tokens must be an integer >= 1, got {value!r}")
+    if not (math.isfinite(number) and number == int(number) and 1 <= number <= MAX_OUTPUT_TOKENS):
+        raise EvalsError(f"evals row {i + 1}: output_tokens must be an integer in [1, {MAX_OUTPUT_TOKENS}], "
+                         f"got {value!r}")
     return int(number)
 
 

@@ -104,6 +104,8 @@ def _bad(tmp_path: Path, name: str, text: str) -> str:
     (lambda w, t: ["predict", "--model-dir", str(w / "model"), "--prompt", "  "], "prompt is empty"),
     (lambda w, t: ["predict", "--model-dir", str(w / "model"), "--prompt", "hi", "--models", "gpt-5"],
      "unknown model 'gpt-5'"),
+    (lambda w, t: ["predict", "--model-dir", str(w / "model"), "--prompt", "hi", "--models", " , "],
+     "models: no model name in ' , '"),
     (lambda w, t: ["predict", "--model-dir", str(t), "--prompt", "hi"], "not a predictor artifact"),
     (lambda w, t: ["predict", "--model-dir", str(w / "model"), "--prompt", "hi", "--generated-tokens", "9",
                    "--max-tokens", "9"], "max-tokens: must exceed --generated-tokens"),

@@ -27,6 +27,23 @@ def test_a_table_survives_writing_and_reading(tmp_path: Path, suffix: str) -> No
 def test_task_is_optional() -> None:
     table = table_from_columns({"prompt": ["p"], "model": ["m"], "score": [0.5], "output_tokens": [3.0]})
     assert table.tasks is None and table.output_tokens.tolist() == [3]
+    some = table_from_columns({"prompt": ["p"] * 4, "model": ["m"] * 4, "score": [0.5] * 4, "output_tokens": [3] * 4,
+                               "task": ["qa", None, "", float("nan")]})
+    assert some.tasks == ("qa", "", "", "")
+
+
+def test_files_as_tools_write_them_are_read(tmp_path: Path) -> None:
+    # A spreadsheet's byte-order mark; a long-document prompt over csv's default 128 KiB field limit; JSON strings
+    # holding U+2028 / U+0085 raw (json.dumps(ensure_ascii=False) writes them so; they are no line ends in JSON Lines).
+    long_prompt = "word " * 30_000
+    (tmp_path / "bom.csv").write_text(f"prompt,model,score,output_tokens\n{long_prompt},m,0.5,12\n",
+                                      encoding="utf-8-sig")
+    table = read_eval_table(tmp_path / "bom.csv")
+    assert table.prompts == (long_prompt,) and table.models == ("m",)
+    rows = [{"prompt": "Price list\x85item one\u2028two", "model": "m", "score": 1, "output_tokens": 4}] * 2
+    (tmp_path / "raw.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows),
+                                        encoding="utf-8-sig")
+    assert read_eval_table(tmp_path / "raw.jsonl").prompts == ("Price list\x85item one\u2028two",) * 2
 
 
 @pytest.mark.parametrize(("column", "value", "message"), [
@@ -34,11 +51,12 @@ def test_task_is_optional() -> None:
     ("score", 7, r"evals row 2: score 7.0 is outside \[0, 1\]"),
     ("score", None, "evals row 2: score must be a number, got None"),
     ("score", "0.5", "evals row 2: score must be a number"),
-    ("output_tokens", 12.5, "evals row 2: output_tokens must be an integer >= 1, got 12.5"),
-    ("output_tokens", 0, "evals row 2: output_tokens must be an integer >= 1"),
+    ("output_tokens", 12.5, r"evals row 2: output_tokens must be an integer in \[1, 1000000000\], got 12.5"),
+    ("output_tokens", 0, "evals row 2: output_tokens must be an integer in"),
+    ("output_tokens", 10**20, "evals row 2: output_tokens must be an integer in"),  # beyond int64 too
     ("prompt", "  ", "evals row 2: prompt must be a non-empty string"),
     ("model", 3, "evals row 2: model must be a non-empty string, got 3"),
-    ("task", None, "evals row 2: task must be a non-empty string"),
+    ("task", 5, "evals row 2: task must be a string, got 5"),
 ])
 def test_bad_values_name_the_row_and_column(column: str, value: object, message: str) -> None:
     columns: dict[str, list[object]] = {"prompt": ["p", "q"], "model": ["m", "m"], "score": [0.5, 0.5],

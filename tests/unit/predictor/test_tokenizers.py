@@ -49,6 +49,14 @@ def test_pretokens_count_words_and_punctuation_runs() -> None:
     assert PretokenTokenizer().token_keys("   ").size == 0
 
 
+def test_pretokens_count_cjk_by_character_and_cut_long_runs() -> None:
+    # Written without spaces: counted by word, a whole Chinese paragraph was one token (and its cost near nothing).
+    pretokens = PretokenTokenizer()
+    assert pretokens.token_keys("请阅读以下合同").size == 7
+    assert pretokens.token_keys("日本語のテキスト 한국어").size == 11
+    assert pretokens.token_keys("a" * 40).size == 3 and pretokens.token_keys("1" * 32).size == 2
+
+
 def test_unknown_tokenizer_names_the_known_ones() -> None:
     with pytest.raises(KeyError, match="unknown tokenizer 'gpt2'; known: qwen, pretokens"):
         get_tokenizer("gpt2")
