@@ -32,7 +32,7 @@ class EvalPlan:
     rate_fractions: tuple[float, ...]  # of the saturation rate
     policies: tuple[str, ...] = POLICIES
     seeds: tuple[int, ...] = (1,)
-    saturation_queries: int = 600  # completions measured per instance (after as many to warm up)
+    saturation_queries: int = 600  # completions measured per instance (after as many, and max_num_seqs, to warm up)
 
 
 QUICK = EvalPlan(ScenarioConfig(train_rows=3000, test_prompts=600, profile_queries=200), queries_per_run=350,

@@ -15,6 +15,7 @@ snapshot plugin would: the state just before a step was scheduled, and the step 
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -95,6 +96,7 @@ class SimulatedInstance:
         self._last_scheduled_s = 0.0
         self._index = 0
         self._published: deque[_Published] = deque()
+        self._forgotten_until_s = -math.inf  # snapshots taken up to this time were dropped from the history
 
     # --- requests --------------------------------------------------------------------------------------------------
     def submit(self, request_id: str, arrival_s: float, prompt_tokens: int, output_tokens: int) -> None:
@@ -167,10 +169,14 @@ class SimulatedInstance:
             tuple((r.id, r.prompt, r.computed, r.output, r.max_tokens, r.blocks, r.placeholders) for r in s.waiting),
             s.free_blocks, executing))
         while self._published and self._published[0].taken_at_s < scheduled_at - SNAPSHOT_HISTORY_S:
-            self._published.popleft()
+            self._forgotten_until_s = self._published.popleft().taken_at_s
 
     def snapshot(self, as_of_s: float) -> snapshot_pb2.InstanceSnapshot:
-        """The latest snapshot taken at or before `as_of_s` (an idle engine's latest state otherwise)."""
+        """The latest snapshot taken at or before `as_of_s` (before the first step: the idle engine's). Raises
+        ValueError for a time whose snapshot is no longer kept (SNAPSHOT_HISTORY_S)."""
+        if as_of_s < self._forgotten_until_s:
+            raise ValueError(f"{self.spec.instance_id}: no snapshot kept as of {as_of_s:.3f} s (snapshots are kept "
+                             f"{SNAPSHOT_HISTORY_S:g} s)")
         chosen = None
         for published in reversed(self._published):
             if published.taken_at_s <= as_of_s:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from bear.core.state import Query
 from bear.estimator.estimation import Dispatch, Estimator, Method, TtftEstimate
-from bear.evaluation.instance import SimulatedInstance
+from bear.evaluation.instance import SNAPSHOT_HISTORY_S, SimulatedInstance
 from bear.routing.contract import Candidate, Choice, Decision, InstanceSignals, Policy, RouteRequest
 from bear.routing.observations import InstanceObservations, ttft_estimates_s
 
@@ -40,6 +40,9 @@ class Decided:
 class SimulatedRouter:
     def __init__(self, instances: Sequence[SimulatedInstance], estimator: Estimator, policy: Policy, *,
                  staleness_s: float = 0.0, horizon_factor: float = 4.0) -> None:
+        if not 0 <= staleness_s <= SNAPSHOT_HISTORY_S:
+            raise ValueError(f"staleness_s must be in [0, {SNAPSHOT_HISTORY_S:g}] (the snapshot history instances "
+                             f"keep), got {staleness_s!r}")
         self.instances = {i.spec.instance_id: i for i in instances}
         self.estimator = estimator
         self.policy = policy

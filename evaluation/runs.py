@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -82,21 +82,32 @@ def _summary(scenario: Scenario, sweep: RateSweep, oracle: RateSweep) -> dict[st
 
 
 def _gains(sweep: RateSweep) -> dict[str, Any]:
-    """BEAR's OnTimeUtility relative to the best baseline at each rate, and to SCORE and RouteBalance."""
+    """BEAR's OnTimeUtility relative to the best baseline at each rate, and to SCORE and RouteBalance. A ratio over
+    a baseline whose OnTimeUtility is not positive (past saturation it can be 0, or below) has no meaning: null, and
+    means are taken over the rates that have one (null when none has)."""
     bear = np.array(sweep.metric("bear", "on_time_utility"))
     present = [b for b in BASELINES if b in sweep.summaries]
     best = np.max([sweep.metric(b, "on_time_utility") for b in present], axis=0) if present else bear
     rates = np.array(sweep.rates_qps)
     up_to = (rates >= 0.3 * sweep.saturation_qps - 1e-9) & (rates <= sweep.saturation_qps + 1e-9)
-    gain = {"over_best_baseline_per_rate": [round(float(v), 4) for v in bear / best - 1],
-            "mean_over_best_baseline_0.3x_to_1x": round(float(np.mean(bear[up_to] / best[up_to] - 1)), 4)
-            if up_to.any() else None,
+    over_best = _relative(bear, best)
+    gain = {"over_best_baseline_per_rate": [None if v is None else round(v, 4) for v in over_best],
+            "mean_over_best_baseline_0.3x_to_1x": _mean_known(v for v, keep in zip(over_best, up_to) if keep),
             "never_below_best_baseline": bool(np.all(bear >= best - 1e-9))}
     for name in ("score", "routebalance"):
         if name in sweep.summaries:
-            other = np.array(sweep.metric(name, "on_time_utility"))
-            gain[f"mean_over_{name}"] = round(float(np.mean(bear / other - 1)), 4)
+            gain[f"mean_over_{name}"] = _mean_known(_relative(bear, np.array(sweep.metric(name, "on_time_utility"))))
     return gain
+
+
+def _relative(values: np.ndarray, baseline: np.ndarray) -> list[float | None]:
+    """values / baseline − 1 where the baseline is positive, else None."""
+    return [float(v / b - 1) if b > 0 else None for v, b in zip(values, baseline, strict=True)]
+
+
+def _mean_known(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(float(np.mean(known)), 4) if known else None
 
 
 def _markdown(summary: dict[str, Any], scenario: Scenario) -> str:

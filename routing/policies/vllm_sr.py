@@ -16,8 +16,9 @@ paper's §"Latency-Aware Selection"; defaults from its shipped `latency-aware.ya
 per instance rather than per model (the BEAR paper, §5.1 and Appendix F: percentiles over a rolling window at each
 instance). One deliberate difference, `unobserved`: Semantic Router skips a candidate that has no observations for a
 configured metric; with per-instance rolling windows an idle instance would then never be chosen again, so by default
-(`fastest`) a missing metric counts as the best one (ratio 1), which sends traffic there until it is measured.
-`skip` keeps Semantic Router's rule.
+(`fastest`) a missing metric counts as better than any measured one (ratio 0), which sends traffic there until it is
+measured. (As ratio 1 it tied with the best measured instance, and ties go to the first candidate: once the first
+instance had been measured, no other ever was, and every query went there.) `skip` keeps Semantic Router's rule.
 
 `Score.score` is −s_j; `Score.ttft_s` is the TTFT percentile (the policy's TTFT estimate), when observed.
 """
@@ -72,7 +73,7 @@ class VllmSemanticRouter:
             if self.unobserved == "skip" and any(r is None for r in ratios):
                 score = -math.inf
             else:
-                score = -sum(1.0 if r is None else r for r in ratios) / len(ratios)
+                score = -sum(0.0 if r is None else r for r in ratios) / len(ratios)
             scores.append(Score(c.instance_id, c.utility(request.lambda_per_micro_usd), score, ttfts[i]))
         if all(s.score == -math.inf for s in scores) or all(r is None for metric in metrics for r in metric):
             return Choice(scores[0].instance_id, Decision.ROUTE, "no latency observations: first candidate",

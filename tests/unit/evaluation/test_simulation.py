@@ -9,8 +9,9 @@ import pytest
 
 from bear.core.state import EngineConfig
 from bear.evaluation.h100_model import ReferenceStepModel
-from bear.evaluation.instance import SimulatedInstance
+from bear.evaluation.instance import SNAPSHOT_HISTORY_S, SimulatedInstance
 from bear.evaluation.pool_spec import InstanceSpec, paper_pool
+from bear.evaluation.router import SimulatedRouter
 
 
 def _instance(seed: int = 0, **engine_overrides: object) -> SimulatedInstance:
@@ -79,6 +80,19 @@ def test_snapshots_show_the_state_before_a_schedule_call() -> None:
     assert snapshot.running[0].num_computed_tokens == 1000 and snapshot.running[0].num_output_placeholders == 1
     assert snapshot.step_in_progress.step_index == 1  # executing, already counted in the state
     assert snapshot.read_at_s >= snapshot.taken_at_s
+
+
+def test_a_read_older_than_the_kept_history_is_refused_not_made_up() -> None:
+    # It returned an empty, idle engine: a router reading that far back replayed a pool with nothing in it.
+    instance = _instance()
+    assert len(instance.snapshot(-1.0).running) == 0  # before the first step: the idle engine, truly
+    _serve(instance, count=120)
+    end = instance.steps[-1].scheduled_at_s
+    assert instance.snapshot(end - SNAPSHOT_HISTORY_S + 0.5).taken_at_s > 0
+    with pytest.raises(ValueError, match="no snapshot kept"):
+        instance.snapshot(end - SNAPSHOT_HISTORY_S - 5.0)
+    with pytest.raises(ValueError, match="staleness_s must be in"):
+        SimulatedRouter([instance], None, None, staleness_s=SNAPSHOT_HISTORY_S + 1)  # type: ignore[arg-type]
 
 
 def test_the_paper_pool_has_kv_capacity_from_memory_minus_weights() -> None:

@@ -181,10 +181,14 @@ VLLM_SR_CASES = [
     ("only the last window observations", [dict(recent_ttft=(9.0, 9.0, 9.0, 1.0, 1.0, 1.0)), dict(recent_ttft=(2.0,))],
      {"tpot_percentile": 0, "window": 3}, "a", [-1.0, -2.0]),
     ("unobserved counts as fastest", [dict(recent_ttft=(2.0,) * 3), dict(), dict(recent_ttft=(1.0,) * 3)],
-     {"tpot_percentile": 0}, "b", [-2.0, -1.0, -1.0]),
+     {"tpot_percentile": 0}, "b", [-2.0, 0.0, -1.0]),
+    ("unobserved beats the first and only measured one", [dict(recent_ttft=(5.0, 6.0, 7.0)), dict()],
+     {"tpot_percentile": 0}, "b", [-1.0, 0.0]),
+    ("a metric not yet measured counts as fastest", [FAST_TTFT_SLOW_TPOT, dict(recent_ttft=(1.0,) * 3)], {}, "b",
+     [-1.0, -0.5]),
     ("unobserved skipped as in Semantic Router", [dict(recent_ttft=(2.0,) * 3), dict(), dict(recent_ttft=(1.0,) * 3)],
      {"tpot_percentile": 0, "unobserved": "skip"}, "c", [-2.0, -math.inf, -1.0]),
-    ("no observations: first candidate", [dict(), dict()], {}, "a", [-1.0, -1.0]),
+    ("no observations: first candidate", [dict(), dict()], {}, "a", [0.0, 0.0]),
     ("no observations, skip: first candidate", [dict(), dict()], {"unobserved": "skip"}, "a", [-math.inf, -math.inf]),
 ]
 
