@@ -9,8 +9,9 @@ import os
 import sys
 from pathlib import Path
 
+from bear.cli.arguments import MAX_SEED, seed
+
 EXIT_BAD_INPUT = 2
-MAX_SEED = 2**31 - 1  # bear.demo.runner.MAX_SEED (not imported here: the runner's imports are heavy)
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -28,7 +29,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--policies", default="bear,score,routebalance",
                         help="comma-separated policy names, the first compared with the others "
                              "(default bear,score,routebalance)")
-    parser.add_argument("--seed", type=_seed, default=0, help=f"an integer in [0, {MAX_SEED}] (default 0)")
+    parser.add_argument("--seed", type=seed, default=0, help=f"an integer in [0, {MAX_SEED}] (default 0)")
     parser.add_argument("--looseness", type=_positive, default=1.0, help="TTFT targets × this (default 1)")
     parser.add_argument("--json", type=Path, metavar="FILE",
                         help="also write the results as JSON (its folder is created if missing)")
@@ -104,16 +105,6 @@ def _folder_problem(flag: str, given: Path, folder: Path) -> str | None:
     if not os.access(folder, os.W_OK | os.X_OK):
         return f"{flag} {given}: cannot write in the folder {folder}"
     return None
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if not 0 <= value <= MAX_SEED:
-        raise argparse.ArgumentTypeError(f"must be an integer in [0, {MAX_SEED}], got {text!r}")
-    return value
 
 
 def _number(text: str) -> float:

@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from bear.cli.arguments import int_in, seed
 from bear.predictor.training import TrainingConfig
 
 EXIT_BAD_INPUT = 2
-MAX_SEED = 2**31 - 1  # LightGBM's seed is a C int
 MAX_TOKENS = 2**32 - 1  # the Predict API's uint32 token counts
 T = TypeVar("T")
 
@@ -37,7 +37,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                               help="models YAML (prices in USD per million tokens); default: the paper's Qwen3 pool")
     train_parser.add_argument("--out", type=Path, required=True, help="model directory to write")
     train_parser.add_argument("--force", action="store_true", help="replace --out if it exists")
-    train_parser.add_argument("--seed", type=_seed, default=0, help="a non-negative integer below 2**31 (default 0)")
+    train_parser.add_argument("--seed", type=seed, default=0, help="a non-negative integer below 2**31 (default 0)")
     train_parser.add_argument("--num-trees", type=_positive_int, default=TrainingConfig().num_trees)
     train_parser.set_defaults(handler=_train)
 
@@ -52,15 +52,15 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     prompt.add_argument("--prompt", help="the prompt text")
     prompt.add_argument("--prompt-file", type=Path, help="a file holding the prompt")
     predict_parser.add_argument("--models", help="comma-separated model names (default: all)")
-    predict_parser.add_argument("--generated-tokens", type=_int_in(0, MAX_TOKENS - 1), metavar="G",
+    predict_parser.add_argument("--generated-tokens", type=int_in(0, MAX_TOKENS - 1), metavar="G",
                                 help="also print expected_remaining_tokens of a request that has generated G tokens")
-    predict_parser.add_argument("--max-tokens", type=_int_in(1, MAX_TOKENS), metavar="M",
+    predict_parser.add_argument("--max-tokens", type=int_in(1, MAX_TOKENS), metavar="M",
                                 help="its max_tokens (with G)")
     predict_parser.set_defaults(handler=_predict)
 
     synth_parser = actions.add_parser("synth", help="write the SYNTHETIC demo evaluation table (not real evaluations)")
     synth_parser.add_argument("--rows", type=_positive_int, required=True)
-    synth_parser.add_argument("--seed", type=_seed, required=True, help="a non-negative integer below 2**31")
+    synth_parser.add_argument("--seed", type=seed, required=True, help="a non-negative integer below 2**31")
     synth_parser.add_argument("--out", type=Path, required=True, help="output file (.parquet, .csv or .jsonl)")
     synth_parser.set_defaults(handler=_synth)
 
@@ -183,20 +183,6 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _int_in(minimum: int, maximum: int) -> Callable[[str], int]:
-    """An argparse type: an integer in [minimum, maximum] (argparse names the flag in its message)."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-        if not minimum <= value <= maximum:
-            raise argparse.ArgumentTypeError(f"must be an integer in [{minimum}, {maximum}], got {text!r}")
-        return value
-    return parse
-
-
-_seed = _int_in(0, MAX_SEED)
 
 
 def _non_negative_int(text: str) -> int:

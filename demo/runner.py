@@ -35,12 +35,12 @@ from bear.demo.services import ServiceProcess
 from bear.demo.workload import PlannedQuery, PolicyTurn, WorkloadClient, gains, plan, summarise
 from bear.evaluation.pool_spec import paper_pool
 from bear.predictor.catalog import PAPER_POOL
+from bear.predictor.training import MAX_SEED
 
 WARMUP_POLICY = "round-robin"
 ARRIVAL_SHARE = 0.75  # of each turn: queries arrive during this share, the rest lets them finish
 READY_TIMEOUT_S = 60.0
 CALIBRATION_TIMEOUT_S = 20.0
-MAX_SEED = 2**31 - 1  # the predictor's training seed is LightGBM's, a C int
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # end the run as Ctrl-C does: the services and the pool stop first
 
 

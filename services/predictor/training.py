@@ -32,6 +32,8 @@ from bear.predictor.features import FEATURE_NAMES, PROJECTION_DIMENSIONS
 from bear.predictor.length_distribution import LengthDistribution
 from bear.predictor.progress import Progress, no_progress
 
+MAX_SEED = 2**31 - 1  # the seed reaches LightGBM, whose seed is a C int
+
 if TYPE_CHECKING:
     import lightgbm
 
