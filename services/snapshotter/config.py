@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -71,6 +72,9 @@ class SnapshotterConfig:
     def __post_init__(self) -> None:
         _require(bool(self.region), "BEAR_SNAPSHOT_REGION must not be empty")
         _require(bool(self.instance_id), "BEAR_INSTANCE_ID must not be empty")
+        _require(not self.endpoint or _is_url(self.endpoint),
+                 f"BEAR_INSTANCE_ENDPOINT (--endpoint) must be the vLLM server's URL, e.g. http://10.0.0.7:8000, "
+                 f"got {self.endpoint!r}")
         _require(self.poll_interval_s > 0, "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS must be > 0")
         _require(0 <= self.grpc_port < 65536, "BEAR_SNAPSHOTTER_GRPC_PORT must be a port number")
         _require(self.metrics_port is None or 0 <= self.metrics_port < 65536,
@@ -143,3 +147,13 @@ def _float(environ: Mapping[str, str], name: str, default: float) -> float:
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
+
+
+def _is_url(text: str) -> bool:
+    """scheme://host[:port][/path] (http(s) for vLLM; the demo's simulated instances are sim://<id>)."""
+    try:
+        parts = urllib.parse.urlsplit(text)
+        parts.port  # noqa: B018 - raises ValueError for a port that is no number or out of range
+    except ValueError:
+        return False
+    return bool(parts.scheme) and bool(parts.hostname)

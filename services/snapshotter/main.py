@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -32,7 +33,11 @@ def run(config: SnapshotterConfig, stop: threading.Event | None = None,
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
-    reader = RegionReader(region_path(config.region))
+    path = region_path(config.region)
+    if os.path.isdir(path):  # a missing region is waited for (the engine creates it); a folder never becomes one
+        raise ServiceStartError(f"bear snapshotter: --region {config.region}: {path} is a folder, not the engine's "
+                                f"snapshot region (a file in /dev/shm, or a path to one)")
+    reader = RegionReader(path)
     client = connect(config.redis)
     publisher = RedisPublisher(client, config.instance_id, config.snapshot_ttl_s, config.heartbeat_s)
     calibrator = OnlineCalibrator(config.calibration_window, config.calibration_min_samples,

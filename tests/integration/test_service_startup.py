@@ -141,3 +141,12 @@ def test_the_snapshotter_refuses_a_taken_grpc_or_metrics_port(running: RunningSe
         completed = _serve("snapshotter", *region, *flags)
         assert completed.returncode == 2, completed.stderr[-3000:]
         assert f"bear snapshotter: {message}" in completed.stderr and "Traceback" not in completed.stderr
+
+
+def test_the_snapshotter_refuses_a_folder_as_its_region_and_an_endpoint_that_is_no_url(tmp_path: Path) -> None:
+    folder = _serve("snapshotter", "--region", str(tmp_path), "--instance-id", "i-0", "--grpc-port", "0",
+                    "--metrics-port", "off")
+    assert folder.returncode == 2 and f"--region {tmp_path}: {tmp_path} is a folder" in folder.stderr
+    endpoint = _serve("snapshotter", "--region", str(tmp_path / "r"), "--instance-id", "i-0", "--endpoint", "not a url")
+    assert endpoint.returncode == 2 and "BEAR_INSTANCE_ENDPOINT (--endpoint) must be" in endpoint.stderr
+    assert "Traceback" not in folder.stderr + endpoint.stderr

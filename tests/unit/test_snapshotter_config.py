@@ -48,6 +48,8 @@ def test_every_setting_is_read() -> None:
     ({"BEAR_INPUT_USD_PER_MTOK": "-1"}, "prices"),
     ({"BEAR_REDIS_URL": "http://r"}, "BEAR_REDIS_URL"),
     ({"BEAR_REDIS_TLS": "maybe"}, "BEAR_REDIS_TLS"),
+    ({"BEAR_INSTANCE_ENDPOINT": "not a url"}, "BEAR_INSTANCE_ENDPOINT"),  # clients are sent there
+    ({"BEAR_INSTANCE_ENDPOINT": "http://10.0.0.7:99999"}, "BEAR_INSTANCE_ENDPOINT"),
 ])
 def test_bad_sidecar_settings_name_the_variable(environ: dict[str, str], names: str) -> None:
     with pytest.raises(ValueError, match=names):
