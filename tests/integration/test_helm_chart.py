@@ -92,6 +92,9 @@ SCHEMA_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
     "number-as-image-tag": ({"image": {"tag": 20240101}}, "'/image/tag': got number, want string"),
     "number-as-pool-image-tag": ({"pools": [_pool(image={"tag": 1.10})]}, "'/pools/0/image/tag': got number"),
     "fullname-override-over-63-characters": ({"fullnameOverride": "a" * 64}, "fullnameOverride"),
+    "shm-size-not-a-quantity": ({"vllm": {"shmSizeLimit": "16 GB"}}, "shmSizeLimit"),
+    "sampler-ratio-not-a-number": ({"otel": {"samplerArg": "abc"}}, "samplerArg"),
+    "sampler-ratio-above-1": ({"otel": {"samplerArg": 2}}, "samplerArg"),
 }
 # name → (values, what the error must say); refused by the templates' own checks
 TEMPLATE_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
