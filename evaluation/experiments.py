@@ -34,6 +34,11 @@ class EvalPlan:
     seeds: tuple[int, ...] = (1,)
     saturation_queries: int = 600  # completions measured per instance (after as many, and max_num_seqs, to warm up)
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.warmup_queries < self.queries_per_run:
+            raise ValueError(f"warmup_queries must be in [0, queries_per_run = {self.queries_per_run}), "
+                             f"got {self.warmup_queries!r}")
+
 
 QUICK = EvalPlan(ScenarioConfig(train_rows=3000, test_prompts=600, profile_queries=200), queries_per_run=350,
                  warmup_queries=30, rate_fractions=(0.2, 0.5, 0.8, 1.0, 1.25, 1.5),

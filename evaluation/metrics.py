@@ -31,15 +31,22 @@ class RunSummary:
         return mape_of(self.ttft_pairs)
 
     def to_json(self) -> dict[str, object]:
+        """NaN (a metric over no queries) is null: the result stays JSON."""
         return {"policy": self.policy, "rate_qps": self.rate_qps, "num_queries": self.num_queries,
-                "on_time_utility": self.on_time_utility, "slo_attainment": self.slo_attainment,
-                "mean_utility": self.mean_utility, "mean_ttft_s": self.mean_ttft_s,
-                "shed_fraction": self.shed_fraction, "routes": self.routes,
-                "ttft_mape": None if math.isnan(self.ttft_mape) else self.ttft_mape}
+                "on_time_utility": _known(self.on_time_utility), "slo_attainment": _known(self.slo_attainment),
+                "mean_utility": _known(self.mean_utility), "mean_ttft_s": _known(self.mean_ttft_s),
+                "shed_fraction": _known(self.shed_fraction), "routes": self.routes,
+                "ttft_mape": _known(self.ttft_mape)}
+
+
+def _known(value: float) -> float | None:
+    return None if math.isnan(value) else value
 
 
 def summarise(policy: str, rate_qps: float, outcomes: Sequence[Outcome], warmup: int = 0) -> RunSummary:
     """Metrics over the outcomes after the first `warmup` queries (the pool starts empty)."""
+    if not 0 <= warmup < len(outcomes):
+        raise ValueError(f"warmup must be in [0, {len(outcomes)}) for {len(outcomes)} outcomes, got {warmup!r}")
     measured = list(outcomes[warmup:])
     served = [o for o in measured if o.decision is Decision.ROUTE and o.ttft_s is not None]
     routes: dict[str, dict[str, int]] = {}

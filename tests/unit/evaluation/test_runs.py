@@ -4,10 +4,14 @@ Infinity or NaN (summary.json must stay JSON)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from types import SimpleNamespace
 
-from bear.evaluation.experiments import RateSweep
+import pytest
+
+from bear.evaluation.experiments import QUICK, RateSweep
 from bear.evaluation.runs import _gains
+from bear.routing.contract import Decision
 
 
 def _sweep(utilities: dict[str, list[float]]) -> RateSweep:
@@ -23,3 +27,16 @@ def test_gains_over_a_baseline_at_zero_or_below_are_null_and_the_summary_stays_j
     assert gains["mean_over_score"] == round((0.2 + 0.25) / 2, 4)
     assert gains["mean_over_routebalance"] == 0.5  # only the rate where it was positive
     assert gains["never_below_best_baseline"]
+
+
+def test_a_summary_of_no_routed_query_is_json_and_a_warmup_must_leave_queries() -> None:
+    from bear.evaluation.metrics import summarise
+
+    with pytest.raises(ValueError, match="warmup must be in"):
+        summarise("bear", 5.0, [], warmup=0)
+    with pytest.raises(ValueError, match="warmup_queries must be in"):
+        replace(QUICK, warmup_queries=QUICK.queries_per_run)
+    shed = SimpleNamespace(decision=Decision.SHED, ttft_s=None, on_time_utility=0.0, on_time=False, utility=0.0)
+    summary = summarise("bear", 5.0, [shed])  # type: ignore[list-item]
+    text = json.dumps(summary.to_json(), allow_nan=False)  # mean TTFT and utility over no routed query: null
+    assert json.loads(text)["mean_ttft_s"] is None and json.loads(text)["shed_fraction"] == 1.0
