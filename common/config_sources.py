@@ -15,6 +15,7 @@ have (a typo, another service's setting) is an error that names it. Standard lib
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -113,3 +114,21 @@ def env_optional_port(environ: Mapping[str, str], name: str, default: int | None
     if text in ("off", "none", "false"):
         return None
     return env_int(environ, name, default) if text else default
+
+
+_HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):([0-9]{1,5})")
+_GRPC_SCHEMES = ("dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:")  # gRPC's own name resolvers
+
+
+def grpc_target_problem(name: str, target: str) -> str | None:
+    """Why `target` (the setting `name`) is no gRPC address — host:port, [IPv6]:port or a gRPC resolver's target
+    (dns:///host:port, unix:/path, ...) — or None. A URL or a missing port would leave the caller degraded for good
+    (an http:// scheme is no gRPC resolver; without a port gRPC dials 443)."""
+    if target.lower().startswith(_GRPC_SCHEMES):
+        return None
+    if "://" in target:
+        return f"{name} is a gRPC address (host:port), not a URL: got {target!r}"
+    match = _HOST_PORT.fullmatch(target)
+    if match is None or not 0 < int(match.group(2)) < 65536:
+        return f"{name} must be host:port (a port in 1-65535), got {target!r}"
+    return None

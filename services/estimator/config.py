@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bear.common.config_sources import env_float, env_int, env_optional_port, layered_environ
+from bear.common.config_sources import env_float, env_int, env_optional_port, grpc_target_problem, layered_environ
 from bear.common.redis_config import ENVIRONMENT as REDIS_ENVIRONMENT
 from bear.common.redis_config import RedisConfig
 from bear.discovery.config import ENVIRONMENT as DISCOVERY_ENVIRONMENT
@@ -78,6 +78,8 @@ class EstimatorConfig:
                  "BEAR_ESTIMATOR_METRICS_PORT must be a port number or off")
         _require(self.max_snapshot_age_s > 0, "BEAR_MAX_SNAPSHOT_AGE_S must be > 0")
         _require(self.predictor_timeout_s > 0, "BEAR_ESTIMATOR_PREDICTOR_TIMEOUT_MS must be > 0")
+        problem = grpc_target_problem("BEAR_PREDICTOR_ADDRESS", self.predictor_address) if self.predictor_address else None
+        _require(problem is None, problem or "")
         _require(self.default_output_tokens >= 1, "BEAR_ESTIMATOR_DEFAULT_OUTPUT_TOKENS must be >= 1")
         _require(self.resync_interval_s > 0, "BEAR_ESTIMATOR_RESYNC_S must be > 0")
         _require(self.dispatch_poll_interval_s > 0, "BEAR_ESTIMATOR_DISPATCH_POLL_MS must be > 0")

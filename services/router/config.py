@@ -47,7 +47,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from bear.common.config_sources import env_bool, env_float, env_int, env_optional_port, layered_environ
+from bear.common.config_sources import (
+    env_bool,
+    env_float,
+    env_int,
+    env_optional_port,
+    grpc_target_problem,
+    layered_environ,
+)
 from bear.common.redis_config import ENVIRONMENT as REDIS_ENVIRONMENT
 from bear.common.redis_config import RedisConfig
 from bear.discovery.config import ENVIRONMENT as DISCOVERY_ENVIRONMENT
@@ -115,8 +122,10 @@ class RouterConfig:
         _require(0 <= self.grpc_port < 65536, "BEAR_ROUTER_GRPC_PORT must be a port number")
         _require(self.metrics_port is None or 0 <= self.metrics_port < 65536,
                  "BEAR_ROUTER_METRICS_PORT must be a port number or off")
-        _require(bool(self.estimator_address), "BEAR_ESTIMATOR_ADDRESS must not be empty")
-        _require(bool(self.predictor_address), "BEAR_PREDICTOR_ADDRESS must not be empty")
+        for name, target in (("BEAR_ESTIMATOR_ADDRESS", self.estimator_address),
+                             ("BEAR_PREDICTOR_ADDRESS", self.predictor_address)):
+            problem = grpc_target_problem(name, target)
+            _require(problem is None, problem or "")
         for name, value in (("BEAR_ROUTER_ESTIMATOR_TIMEOUT_MS", self.estimator_timeout_s),
                             ("BEAR_ROUTER_PREDICTOR_TIMEOUT_MS", self.predictor_timeout_s),
                             ("BEAR_ROUTER_REDIS_TIMEOUT_MS", self.redis_timeout_s),

@@ -60,6 +60,7 @@ def test_a_file_key_that_is_not_a_setting_is_named(tmp_path: Path) -> None:
     ({"BEAR_PREDICTOR_MODEL_DIR": "/does/not/exist"}, "BEAR_PREDICTOR_MODEL_DIR: /does/not/exist is not a dir"),
     ({"BEAR_DISCOVERY": "consul"}, "BEAR_DISCOVERY must be one of"),
     ({"BEAR_ESTIMATOR_FORGET_AFTER_S": "0.5"}, "BEAR_ESTIMATOR_FORGET_AFTER_S must be >= BEAR_ESTIMATOR_RESYNC_S"),
+    ({"BEAR_PREDICTOR_ADDRESS": "https://predictor:443"}, "BEAR_PREDICTOR_ADDRESS is a gRPC address"),
 ])
 def test_bad_settings_are_named(environ: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):

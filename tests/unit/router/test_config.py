@@ -64,6 +64,10 @@ def test_policy_parameters_are_json() -> None:
     ({"BEAR_ROUTER_TOKENIZER": "gpt"}, "BEAR_ROUTER_TOKENIZER must be one of qwen, pretokens"),
     ({"BEAR_ROUTER_MAX_TTFT_SLO_MS": "nan"}, "BEAR_ROUTER_MAX_TTFT_SLO_MS must be > 0"),
     ({"BEAR_ROUTER_CALL_STREAMS": "maybe"}, r"BEAR_ROUTER_CALL_STREAMS must be true or false \(on or off\), got 'maybe'"),
+    # a URL or a missing port is no gRPC address: the router would run degraded for good
+    ({"BEAR_ESTIMATOR_ADDRESS": "http://bear-estimator:50052"}, "BEAR_ESTIMATOR_ADDRESS is a gRPC address"),
+    ({"BEAR_PREDICTOR_ADDRESS": "bear-predictor"}, "BEAR_PREDICTOR_ADDRESS must be host:port"),
+    ({"BEAR_PREDICTOR_ADDRESS": "::::"}, "BEAR_PREDICTOR_ADDRESS must be host:port"),
 ])
 def test_bad_settings_name_the_variable(environ: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
