@@ -6,8 +6,9 @@ serve predictor` (on a small predictor trained here on the synthetic corpus) and
 their modules are missing or with --fakes, one process of constant-answer fakes (with the stream twins), and says
 which — then `bear serve router`, each its own process.
 The load generator (this process, asyncio + uvloop, one channel) sends Route calls with Poisson arrivals and measures
-each call's latency at the client; the router's own `decision_ms` (its answer's field) and the router process's
-CPU time per call are reported beside it.
+each call's latency at the client; the router's own `decision_ms` (its answer's field), the router process's CPU
+time per call and that of its neighbours (estimator and predictor together) are reported beside it: CPU time is a
+steadier figure than latency on a shared machine.
 
 It prints p50 / p99 at --rate (default 200 requests/s), then raises the rate until p99 exceeds --p99-limit-ms
 (default 10) and prints the highest rate that stayed within it.
@@ -57,7 +58,7 @@ def main() -> int:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="route-bench-")))
         redis_url = stack.enter_context(_redis_server())
         stack.enter_context(_snapshotters(redis_url))
-        estimator, predictor, kind = _neighbours(stack, args, tmp, redis_url)
+        estimator, predictor, kind, neighbours = _neighbours(stack, args, tmp, redis_url)
         router = stack.enter_context(_process(["serve", "router", "--host=127.0.0.1", "--grpc-port=0",
                                                "--metrics-port=0", f"--call-streams={args.call_streams}",
                                                f"--estimator-address={estimator}",
@@ -67,9 +68,9 @@ def main() -> int:
         print(f"router + {kind} on loopback, 3 instances, {os.cpu_count()} CPUs; prompts: {args.prompts} "
               f"({len(prompts)} distinct); tracing: {'SDK on, spans exported to nowhere' if args.tracing else 'off'}; "
               f"router → predictor, estimator: {'streams of calls' if args.call_streams == 'on' else 'unary calls'}")
-        asyncio_run(_load(router, prompts, rate_rps=args.rate, seconds=2.0))  # warm-up
+        asyncio_run(_load(router, neighbours, prompts, rate_rps=args.rate, seconds=2.0))  # warm-up
         stages_before = _stage_seconds(router)
-        result = asyncio_run(_load(router, prompts, rate_rps=args.rate, seconds=args.seconds))
+        result = asyncio_run(_load(router, neighbours, prompts, rate_rps=args.rate, seconds=args.seconds))
         print(_header())
         print(_row(args.rate, result))
         print("   mean per stage inside the router: " + _stage_means(stages_before, _stage_seconds(router))
@@ -79,7 +80,7 @@ def main() -> int:
         best = None
         for rate in _rates(args.rate):
             for attempt in range(2):  # a step that fails is run once more: one noisy second should not end the sweep
-                result = asyncio_run(_load(router, prompts, rate_rps=rate, seconds=args.sweep_seconds))
+                result = asyncio_run(_load(router, neighbours, prompts, rate_rps=rate, seconds=args.sweep_seconds))
                 print(_row(rate, result) + ("  (again)" if attempt else ""))
                 within = not result.errors and _percentile(result.client_ms, 99) <= args.p99_limit_ms
                 if within:
@@ -126,13 +127,16 @@ class Result:
         self.errors = 0
         self.late_s = 0.0  # how far the generator fell behind its schedule
         self.router_cpu_ms = 0.0  # the router process's CPU time per call
+        self.neighbours_cpu_ms = 0.0  # the estimator's and the predictor's (or the fakes'), together
 
 
-async def _load(router: Proc, prompts: list[str], rate_rps: float, seconds: float) -> Result:
+async def _load(router: Proc, neighbours: list[Proc], prompts: list[str], rate_rps: float, seconds: float
+                ) -> Result:
     from bear.router.client import AsyncRouterClient, RouterError
 
     result = Result()
     cpu_before = router.cpu_s()
+    neighbours_before = sum(p.cpu_s() for p in neighbours)
     rng = random.Random(7)
 
     async def one(prompt: str) -> None:
@@ -158,7 +162,9 @@ async def _load(router: Proc, prompts: list[str], rate_rps: float, seconds: floa
             tasks.append(asyncio.create_task(one(rng.choice(prompts))))
             due += rng.expovariate(rate_rps)
         await asyncio.gather(*tasks)
-    result.router_cpu_ms = (router.cpu_s() - cpu_before) * 1000 / max(1, len(result.client_ms))
+    calls = max(1, len(result.client_ms))
+    result.router_cpu_ms = (router.cpu_s() - cpu_before) * 1000 / calls
+    result.neighbours_cpu_ms = (sum(p.cpu_s() for p in neighbours) - neighbours_before) * 1000 / calls
     return result
 
 
@@ -179,13 +185,13 @@ def _percentile(values: list[float], q: float) -> float:
 
 def _header() -> str:
     return (f"{'rate/s':>7} {'calls':>6} | {'client p50':>10} {'p99':>7} {'max':>7} | {'router p50':>10} {'p99':>7} | "
-            f"{'CPU/call':>8} | {'degraded':>8} {'errors':>6}")
+            f"{'CPU/call':>8} {'neighbours':>10} | {'degraded':>8} {'errors':>6}")
 
 
 def _row(rate: float, r: Result) -> str:
     return (f"{rate:>7.0f} {len(r.client_ms):>6} | {_percentile(r.client_ms, 50):>8.2f}ms "
             f"{_percentile(r.client_ms, 99):>5.2f}ms {max(r.client_ms, default=float('nan')):>5.1f}ms | "
-            f"{_percentile(r.router_ms, 50):>8.2f}ms {_percentile(r.router_ms, 99):>5.2f}ms {r.router_cpu_ms:>6.2f}ms | "
+            f"{_percentile(r.router_ms, 50):>8.2f}ms {_percentile(r.router_ms, 99):>5.2f}ms {r.router_cpu_ms:>6.2f}ms {r.neighbours_cpu_ms:>8.2f}ms | "
             f"{r.degraded:>8} {r.errors:>6}" + (f"  (generator {r.late_s * 1000:.0f} ms late)" if r.late_s > 0.05
                                                   else ""))
 
@@ -226,7 +232,8 @@ def _prompts(kind: str) -> list[str]:
 
 # The neighbours ---------------------------------------------------------------------------------------------------
 
-def _neighbours(stack: ExitStack, args: argparse.Namespace, tmp: Path, redis_url: str) -> tuple[str, str, str]:
+def _neighbours(stack: ExitStack, args: argparse.Namespace, tmp: Path, redis_url: str
+                ) -> tuple[str, str, str, list[Proc]]:
     import importlib.util
 
     missing = [m for m in ("bear.estimator.main", "bear.predictor.main") if importlib.util.find_spec(m) is None]
@@ -234,7 +241,7 @@ def _neighbours(stack: ExitStack, args: argparse.Namespace, tmp: Path, redis_url
         why = "--fakes" if args.fakes else f"{', '.join(missing)} missing"
         fakes = stack.enter_context(_process([], tmp / "fakes.log", script=True))
         estimator, predictor = fakes.address.split(",")
-        return estimator, predictor, f"FAKE estimator and predictor ({why})"
+        return estimator, predictor, f"FAKE estimator and predictor ({why})", [fakes]
     model_dir = tmp / "predictor"
     _train_predictor(model_dir)
     predictor = stack.enter_context(_process(["serve", "predictor", "--host=127.0.0.1", "--grpc-port=0",
@@ -242,7 +249,8 @@ def _neighbours(stack: ExitStack, args: argparse.Namespace, tmp: Path, redis_url
     estimator = stack.enter_context(_process(["serve", "estimator", "--host=127.0.0.1", "--grpc-port=0",
                                               "--metrics-port=off", f"--redis-url={redis_url}",
                                               f"--predictor-model-dir={model_dir}"], tmp / "e.log"))
-    return estimator.address, predictor.address, "the real estimator and predictor services"
+    return (estimator.address, predictor.address, "the real estimator and predictor services",
+            [estimator, predictor])
 
 
 def _train_predictor(folder: Path) -> None:
