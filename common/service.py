@@ -42,6 +42,14 @@ logger = logging.getLogger("bear.service")
 EXIT_BAD_INPUT = 2
 # gRPC sets SO_REUSEPORT on Linux by default: a second server on a port in use would start and share its calls.
 SERVER_OPTIONS = (("grpc.so_reuseport", 0),)
+GRPC_DEFAULT_MAX_RECEIVE_BYTES = 4 * 1024 * 1024
+
+
+def receive_limit(max_field_bytes: int) -> int:
+    """A server's message limit for requests holding one field of up to `max_field_bytes` (a prompt): room for it
+    several times over, so that a field somewhat over its limit still reaches the handler and is refused with the
+    field's name; never below gRPC's default."""
+    return min(2**31 - 1, max(2 * GRPC_DEFAULT_MAX_RECEIVE_BYTES, 2 * max_field_bytes + 1024 * 1024))
 
 
 class ServiceStartError(Exception):
@@ -55,6 +63,9 @@ class ServerSettings:
     grpc_port: int = 0  # 0: any free port
     metrics_port: int | None = 9464  # Prometheus /metrics; None: not served
     shutdown_grace_s: float = 5.0
+    # gRPC refuses a larger request itself (RESOURCE_EXHAUSTED, before any handler): a service whose own limit on a
+    # field is larger sets this above it, so that the field's limit answers (INVALID_ARGUMENT naming the field).
+    max_receive_message_bytes: int = GRPC_DEFAULT_MAX_RECEIVE_BYTES
 
 
 def configure_tracing(service_name: str, environ: Mapping[str, str] = os.environ,
@@ -134,7 +145,8 @@ async def start_server(settings: ServerSettings, register: Register, on_stop: It
     # With OTEL_SDK_DISABLED the tracer is a no-op: the interceptor would cost each call time for nothing.
     traced = not isinstance(trace.get_tracer(__name__), trace.NoOpTracer)
     server = grpc.aio.server(interceptors=[aio_server_interceptor(filter_=not_a_call_stream)] if traced else [],
-                             options=SERVER_OPTIONS)
+                             options=[*SERVER_OPTIONS,
+                                      ("grpc.max_receive_message_length", settings.max_receive_message_bytes)])
     guarded = _GuardedRegistration(server)
     names = list(register(guarded))  # type: ignore[arg-type] - what register() uses of a server, guarded
     health_servicer = health.aio.HealthServicer()  # an asyncio servicer: a blocking one fails under grpc.aio

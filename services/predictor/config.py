@@ -9,7 +9,7 @@ without BEAR_, in lower case):
     BEAR_PREDICTOR_GRPC_PORT             gRPC port, 0 for any free one (default 50053)               --grpc-port
     BEAR_PREDICTOR_METRICS_PORT          Prometheus /metrics port, 0 for any, off for none (9464)    --metrics-port
     BEAR_PREDICTOR_WORKERS               threads that run Predict (tokenising, LightGBM; default 4)
-    BEAR_PREDICTOR_MAX_PROMPT_CHARS      longer prompts are INVALID_ARGUMENT (default 1,000,000)
+    BEAR_PREDICTOR_MAX_PROMPT_CHARS      longer prompts are INVALID_ARGUMENT (default 1,000,000, at most 64 Mi)
     BEAR_PREDICTOR_MAX_REMAINING_QUERIES most queries in one ExpectedRemaining call (default 100,000)
     BEAR_SHUTDOWN_GRACE_S                calls in flight may finish this long after SIGTERM (default 5)
 """
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from bear.common.config_sources import env_float, env_int, env_optional_port, layered_environ
 
+MAX_PROMPT_CHARS_LIMIT = 64 * 1024 * 1024
 ENVIRONMENT = (
     "BEAR_PREDICTOR_MODEL_DIR", "BEAR_PREDICTOR_HOST", "BEAR_PREDICTOR_GRPC_PORT", "BEAR_PREDICTOR_METRICS_PORT",
     "BEAR_PREDICTOR_WORKERS", "BEAR_PREDICTOR_MAX_PROMPT_CHARS", "BEAR_PREDICTOR_MAX_REMAINING_QUERIES",
@@ -52,7 +53,9 @@ class PredictorServiceConfig:
         _require(self.metrics_port is None or 0 <= self.metrics_port < 65536,
                  "BEAR_PREDICTOR_METRICS_PORT must be a port number or off")
         _require(self.workers >= 1, "BEAR_PREDICTOR_WORKERS must be >= 1")
-        _require(self.max_prompt_chars >= 1, "BEAR_PREDICTOR_MAX_PROMPT_CHARS must be >= 1")
+        _require(1 <= self.max_prompt_chars <= MAX_PROMPT_CHARS_LIMIT,
+                 f"BEAR_PREDICTOR_MAX_PROMPT_CHARS must be in [1, {MAX_PROMPT_CHARS_LIMIT}] (gRPC's messages stay under "
+                 "2 GiB)")
         _require(self.max_remaining_queries >= 1, "BEAR_PREDICTOR_MAX_REMAINING_QUERIES must be >= 1")
         _require(self.shutdown_grace_s >= 0, "BEAR_SHUTDOWN_GRACE_S must be >= 0")
 

@@ -58,10 +58,11 @@ class PredictorService:
         logger.info("predictor artifact %s: models %s", config.model_dir, ", ".join(self.predictor.catalog.names))
 
     def settings(self) -> ServerSettings:
-        from bear.common.service import ServerSettings
+        from bear.common.service import ServerSettings, receive_limit
 
         c = self.config
-        return ServerSettings("bear-predictor", c.host, c.grpc_port, c.metrics_port, c.shutdown_grace_s)
+        return ServerSettings("bear-predictor", c.host, c.grpc_port, c.metrics_port, c.shutdown_grace_s,
+                              receive_limit(4 * c.max_prompt_chars))  # UTF-8: up to 4 bytes a character
 
     def register(self, server) -> list[str]:  # noqa: ANN001 - grpc.aio.Server
         from bear.predictor.server import register

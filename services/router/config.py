@@ -19,7 +19,9 @@ without BEAR_, in lower case, e.g. `default_policy: bear`):
     BEAR_LAMBDA_PER_MICRO_USD          cost weight λ of eq. 4 for requests that give none (default 5e-4)
     BEAR_ROUTER_HORIZON_FACTOR         replays stop at this × the TTFT target + 1 s (default 4)
     BEAR_ROUTER_MAX_TTFT_SLO_MS        largest TTFT target accepted (default 600000)
-    BEAR_ROUTER_MAX_PROMPT_BYTES       largest prompt text accepted, UTF-8 bytes (default 1000000)
+    BEAR_ROUTER_MAX_PROMPT_BYTES       largest prompt text accepted, UTF-8 bytes (default 1000000, at most 256 MiB;
+                                       the server takes messages of twice that, so a larger prompt is refused by
+                                       name, not by gRPC's own message limit)
     BEAR_ROUTER_MAX_PROMPT_TOKENS      largest prompt accepted, tokens (default 262144)
     BEAR_ROUTER_DEFAULT_OUTPUT_TOKENS  predicted length without a prediction (default 256)
     BEAR_ROUTER_TOKENIZER              counts prompt tokens for the estimator: qwen (default) or pretokens
@@ -62,6 +64,7 @@ from bear.discovery.config import DiscoveryConfig
 from bear.router.query import MAX_WEIGHT
 
 TOKENIZERS = ("qwen", "pretokens")
+MAX_PROMPT_BYTES_LIMIT = 256 * 1024 * 1024
 ENVIRONMENT = (
     "BEAR_ROUTER_HOST", "BEAR_ROUTER_GRPC_PORT", "BEAR_ROUTER_METRICS_PORT", "BEAR_ESTIMATOR_ADDRESS",
     "BEAR_PREDICTOR_ADDRESS", "BEAR_DEFAULT_POLICY", "BEAR_FALLBACK_POLICY", "BEAR_ROUTER_POLICY_PARAMS",
@@ -138,7 +141,8 @@ class RouterConfig:
         _require(self.default_output_tokens >= 1, "BEAR_ROUTER_DEFAULT_OUTPUT_TOKENS must be >= 1")
         _require(math.isfinite(self.lambda_per_micro_usd) and 0 <= self.lambda_per_micro_usd <= MAX_WEIGHT,
                  f"BEAR_LAMBDA_PER_MICRO_USD must be in [0, {MAX_WEIGHT:g}], got {self.lambda_per_micro_usd!r}")
-        _require(self.max_prompt_bytes > 0, "BEAR_ROUTER_MAX_PROMPT_BYTES must be > 0")
+        _require(0 < self.max_prompt_bytes <= MAX_PROMPT_BYTES_LIMIT,
+                 f"BEAR_ROUTER_MAX_PROMPT_BYTES must be in [1, {MAX_PROMPT_BYTES_LIMIT}] (gRPC's messages stay under 2 GiB)")
         _require(self.max_prompt_tokens > 0, "BEAR_ROUTER_MAX_PROMPT_TOKENS must be > 0")
         _require(self.tokenizer in TOKENIZERS,
                  f"BEAR_ROUTER_TOKENIZER must be one of {', '.join(TOKENIZERS)}, got {self.tokenizer!r}")

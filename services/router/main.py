@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from opentelemetry import trace
     from prometheus_client import CollectorRegistry
 
-    from bear.common.service import RunningServer
+    from bear.common.service import RunningServer, ServerSettings
     from bear.router.config import RouterConfig
     from bear.router.router import Router
 
@@ -188,12 +188,11 @@ def token_counter(name: str) -> Callable[[str], int]:
 
 
 async def serve(config: RouterConfig) -> None:
-    from bear.common.service import ServerSettings, announce, configure_tracing, serve_until_stopped
+    from bear.common.service import announce, configure_tracing, serve_until_stopped
 
     configure_tracing("bear-router")
     app = await build(config)
-    settings = ServerSettings("bear-router", config.host, config.grpc_port, config.metrics_port,
-                              config.shutdown_grace_s)
+    settings = server_settings(config, config.metrics_port)
     try:
         await serve_until_stopped(settings, app.register, on_ready=announce, background=app.background)
     finally:
@@ -228,10 +227,10 @@ class RunningRouter:
 
 async def start(config: RouterConfig, registry: CollectorRegistry | None = None,
                 tracer: trace.Tracer | None = None) -> RunningRouter:
-    from bear.common.service import ServerSettings, start_server
+    from bear.common.service import start_server
 
     app = await build(config, registry, tracer)
-    settings = ServerSettings("bear-router", config.host, config.grpc_port, None, config.shutdown_grace_s)
+    settings = server_settings(config, None)
     try:
         running = await start_server(settings, app.register)
     except BaseException:  # e.g. ServiceStartError: its Redis connections and channels close all the same
@@ -239,3 +238,10 @@ async def start(config: RouterConfig, registry: CollectorRegistry | None = None,
         raise
     tasks = [asyncio.create_task(task()) for task in app.background]
     return RunningRouter(app, running, tasks)
+
+
+def server_settings(config: RouterConfig, metrics_port: int | None) -> ServerSettings:
+    from bear.common.service import ServerSettings, receive_limit
+
+    return ServerSettings("bear-router", config.host, config.grpc_port, metrics_port, config.shutdown_grace_s,
+                          receive_limit(config.max_prompt_bytes))

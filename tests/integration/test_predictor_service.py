@@ -91,6 +91,7 @@ def test_predict_for_some_models_keeps_catalogue_order(stub: predictor_pb2_grpc.
     (predictor_pb2.PredictRequest(prompt=""), "prompt is empty"),
     (predictor_pb2.PredictRequest(prompt="hi", models=["gpt-9"]), r"models\[0\]: unknown model 'gpt-9'"),
     (predictor_pb2.PredictRequest(prompt="x" * 20_001), "at most 20000"),
+    (predictor_pb2.PredictRequest(prompt="x" * 6_000_000), "at most 20000"),  # over gRPC's default 4 MiB too
 ])
 def test_bad_predict_requests_are_invalid_argument(stub: predictor_pb2_grpc.PredictorStub,
                                                    request_: predictor_pb2.PredictRequest, message: str) -> None:

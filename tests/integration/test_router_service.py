@@ -99,6 +99,7 @@ def test_the_asyncio_client(stack: RouterStack) -> None:
 @pytest.mark.parametrize(("fields", "field"), [
     ({"prompt": ""}, "prompt"),
     ({"prompt": "x" * 1_100_000}, "prompt"),  # over the 1 MB limit
+    ({"prompt": "x" * 6_000_000}, "prompt"),  # over gRPC's default 4 MiB message limit too
     ({"prompt_tokens": 0}, "prompt_tokens"),
     ({"prompt_tokens": 10_000_000}, "prompt_tokens"),
     ({"ttft_slo_ms": -5.0}, "ttft_slo_ms"),

@@ -31,7 +31,8 @@ def test_flags_override_the_environment_which_overrides_the_file(tmp_path: Path)
 
 @pytest.mark.parametrize(("environ", "message"), [
     ({"BEAR_PREDICTOR_WORKERS": "0"}, "BEAR_PREDICTOR_WORKERS must be >= 1"),
-    ({"BEAR_PREDICTOR_MAX_PROMPT_CHARS": "-1"}, "BEAR_PREDICTOR_MAX_PROMPT_CHARS must be >= 1"),
+    ({"BEAR_PREDICTOR_MAX_PROMPT_CHARS": "-1"}, r"BEAR_PREDICTOR_MAX_PROMPT_CHARS must be in \[1, 67108864\]"),
+    ({"BEAR_PREDICTOR_MAX_PROMPT_CHARS": "1000000000"}, "BEAR_PREDICTOR_MAX_PROMPT_CHARS must be in"),
     ({"BEAR_PREDICTOR_GRPC_PORT": "x"}, "BEAR_PREDICTOR_GRPC_PORT must be an integer"),
 ])
 def test_bad_settings_are_named(environ: dict[str, str], message: str) -> None:

@@ -63,6 +63,8 @@ def test_policy_parameters_are_json() -> None:
     ({"BEAR_LAMBDA_PER_MICRO_USD": "1e300"}, "BEAR_LAMBDA_PER_MICRO_USD must be in"),
     ({"BEAR_ROUTER_TOKENIZER": "gpt"}, "BEAR_ROUTER_TOKENIZER must be one of qwen, pretokens"),
     ({"BEAR_ROUTER_MAX_TTFT_SLO_MS": "nan"}, "BEAR_ROUTER_MAX_TTFT_SLO_MS must be > 0"),
+    ({"BEAR_ROUTER_MAX_PROMPT_BYTES": "0"}, r"BEAR_ROUTER_MAX_PROMPT_BYTES must be in \[1, 268435456\]"),
+    ({"BEAR_ROUTER_MAX_PROMPT_BYTES": "4000000000"}, "BEAR_ROUTER_MAX_PROMPT_BYTES must be in"),
     ({"BEAR_ROUTER_CALL_STREAMS": "maybe"}, r"BEAR_ROUTER_CALL_STREAMS must be true or false \(on or off\), got 'maybe'"),
     # a URL or a missing port is no gRPC address: the router would run degraded for good
     ({"BEAR_ESTIMATOR_ADDRESS": "http://bear-estimator:50052"}, "BEAR_ESTIMATOR_ADDRESS is a gRPC address"),
