@@ -49,16 +49,26 @@ FULL = EvalPlan(ScenarioConfig(train_rows=7500, test_prompts=2500, profile_queri
 
 
 def parse_policy(spec: str):  # noqa: ANN201 - a routing Policy
-    """`name` or `name:key=value,key=value` (numbers where they parse as numbers)."""
+    """`name` or `name:key=value,key=value` (numbers where they parse as numbers: integers, then floats, `inf` and
+    `nan` included, for the policy to judge); ValueError naming the policy when the values do not make one."""
     name, _, args = spec.partition(":")
     params: dict[str, Any] = {}
     for pair in filter(None, args.split(",")):
         key, _, value = pair.partition("=")
+        params[key] = _number_or_text(value)
+    try:
+        return build_policy(name, params)
+    except TypeError as error:  # a text where the policy needs a number
+        raise ValueError(f"policy {name!r} ({args}): {error}") from None
+
+
+def _number_or_text(value: str) -> int | float | str:
+    for kind in (int, float):
         try:
-            params[key] = float(value) if any(c in value for c in ".e") else int(value)
+            return kind(value)
         except ValueError:
-            params[key] = value
-    return build_policy(name, params)
+            pass
+    return value
 
 
 def run_policy(scenario: Scenario, policy: str, rate_qps: float, plan: EvalPlan, seed: int, *,

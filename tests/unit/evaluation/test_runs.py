@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bear.evaluation.experiments import QUICK, RateSweep
+from bear.evaluation.experiments import QUICK, RateSweep, parse_policy
 from bear.evaluation.runs import _gains
 from bear.routing.contract import Decision
 
@@ -40,3 +40,15 @@ def test_a_summary_of_no_routed_query_is_json_and_a_warmup_must_leave_queries() 
     summary = summarise("bear", 5.0, [shed])  # type: ignore[list-item]
     text = json.dumps(summary.to_json(), allow_nan=False)  # mean TTFT and utility over no routed query: null
     assert json.loads(text)["mean_ttft_s"] is None and json.loads(text)["shed_fraction"] == 1.0
+
+
+def test_a_policy_spec_parses_numbers_and_bad_values_are_named() -> None:
+    policy = parse_policy("bear:safety=2,shed_ratio=1.5e0,fallback=shed")
+    assert (policy.safety, policy.shed_ratio, policy.fallback) == (2, 1.5, "shed")
+    with pytest.raises(ValueError, match="safety must be a positive number, got inf"):  # a number, for the policy
+        parse_policy("bear:safety=inf")
+    with pytest.raises(ValueError, match=r"policy 'bear' \(safety=abc\)"):  # not a TypeError
+        parse_policy("bear:safety=abc")
+    with pytest.raises(ValueError, match="has no parameter 'speed'"):
+        parse_policy("bear:speed=1")
+
