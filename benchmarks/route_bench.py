@@ -65,12 +65,16 @@ def main() -> int:
                                                f"--predictor-address={predictor}", f"--redis-url={redis_url}"],
                                               tmp / "router.log", tracing=args.tracing))
         prompts = _prompts(args.prompts)
+        streamed = args.client_streams == "on"
         print(f"router + {kind} on loopback, 3 instances, {os.cpu_count()} CPUs; prompts: {args.prompts} "
               f"({len(prompts)} distinct); tracing: {'SDK on, spans exported to nowhere' if args.tracing else 'off'}; "
+              f"client → router: {'a stream of calls' if streamed else 'unary calls'}; "
               f"router → predictor, estimator: {'streams of calls' if args.call_streams == 'on' else 'unary calls'}")
-        asyncio_run(_load(router, neighbours, prompts, rate_rps=args.rate, seconds=2.0))  # warm-up
+        asyncio_run(_load(router, neighbours, prompts, rate_rps=args.rate, seconds=2.0,  # warm-up
+                          streamed=streamed))
         stages_before = _stage_seconds(router)
-        result = asyncio_run(_load(router, neighbours, prompts, rate_rps=args.rate, seconds=args.seconds))
+        result = asyncio_run(_load(router, neighbours, prompts, rate_rps=args.rate, seconds=args.seconds,
+                                   streamed=streamed))
         print(_header())
         print(_row(args.rate, result))
         print("   mean per stage inside the router: " + _stage_means(stages_before, _stage_seconds(router))
@@ -80,7 +84,8 @@ def main() -> int:
         best = None
         for rate in _rates(args.rate):
             for attempt in range(2):  # a step that fails is run once more: one noisy second should not end the sweep
-                result = asyncio_run(_load(router, neighbours, prompts, rate_rps=rate, seconds=args.sweep_seconds))
+                result = asyncio_run(_load(router, neighbours, prompts, rate_rps=rate, seconds=args.sweep_seconds,
+                                           streamed=streamed))
                 print(_row(rate, result) + ("  (again)" if attempt else ""))
                 within = not result.errors and _percentile(result.client_ms, 99) <= args.p99_limit_ms
                 if within:
@@ -108,6 +113,9 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--call-streams", choices=("on", "off"), default="on",
                         help="the router's calls to the predictor and estimator: over streams of calls (default) or "
                              "unary (off)")
+    parser.add_argument("--client-streams", choices=("on", "off"), default="on",
+                        help="the load generator's Route calls: over a stream of calls (default, as the asyncio "
+                             "client makes them) or unary (off)")
     parser.add_argument("--serve-fakes", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--publish-snapshots", metavar="REDIS_URL", help=argparse.SUPPRESS)
     return parser.parse_args()
@@ -130,8 +138,8 @@ class Result:
         self.neighbours_cpu_ms = 0.0  # the estimator's and the predictor's (or the fakes'), together
 
 
-async def _load(router: Proc, neighbours: list[Proc], prompts: list[str], rate_rps: float, seconds: float
-                ) -> Result:
+async def _load(router: Proc, neighbours: list[Proc], prompts: list[str], rate_rps: float, seconds: float,
+                streamed: bool) -> Result:
     from bear.router.client import AsyncRouterClient, RouterError
 
     result = Result()
@@ -150,7 +158,7 @@ async def _load(router: Proc, neighbours: list[Proc], prompts: list[str], rate_r
         result.router_ms.append(decision.decision_ms)
         result.degraded += decision.degraded
 
-    async with AsyncRouterClient(router.address, timeout_s=5.0) as client:
+    async with AsyncRouterClient(router.address, timeout_s=5.0, streamed=streamed) as client:
         tasks, due = [], time.perf_counter()
         end = due + seconds
         while due < end:

@@ -8,7 +8,9 @@
         ...  # send the query to decision.endpoint with X-Request-Id: decision.request_id, then:
         router.report_outcome(decision.request_id, observed_ttft_ms=312.0, output_tokens=180, observed_e2e_ms=2900)
 
-`AsyncRouterClient` has the same methods as coroutines. Replies are the bear.v1 messages (`RouteDecision`,
+`AsyncRouterClient` has the same methods as coroutines; it routes over one long-lived stream of Route calls
+(`RouteStream`, opened on the first call: a call on it costs about half a unary call's time), or unary Route calls
+with `streamed=False` or where the router has no stream twin. Replies are the bear.v1 messages (`RouteDecision`,
 `OutcomeAck`). Every call has a deadline (`timeout_s`, per client and per call). Arguments that cannot make a request
 (both or neither of prompt and prompt_tokens, a negative count, a string as allowed_models, a deadline <= 0) raise
 ValueError before any call. Errors:
@@ -28,9 +30,11 @@ from types import TracebackType
 
 import grpc
 
+from bear.common.call_streams import CallFailed, CallStream, StreamedMethod
 from bear.v1 import router_pb2, router_pb2_grpc
 
 DEFAULT_TIMEOUT_S = 1.0
+ROUTE_STREAM = f"/{router_pb2.DESCRIPTOR.services_by_name['Router'].full_name}/RouteStream"
 
 
 class RouterError(Exception):
@@ -96,9 +100,12 @@ def deadline_s(timeout_s: float | None, default_s: float) -> float:
     return chosen
 
 
-def error_of(error: grpc.RpcError) -> RouterError:
-    code = error.code()  # type: ignore[attr-defined]
-    message = error.details() or ""  # type: ignore[attr-defined]
+def error_of(error: grpc.RpcError | CallFailed) -> RouterError:
+    if isinstance(error, CallFailed):
+        code, message = error.code, error.message
+    else:
+        code = error.code()  # type: ignore[attr-defined]
+        message = error.details() or ""  # type: ignore[attr-defined]
     kind = {grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest, grpc.StatusCode.ALREADY_EXISTS: DuplicateRequest,
             grpc.StatusCode.UNAVAILABLE: RouterUnavailable,
             grpc.StatusCode.DEADLINE_EXCEEDED: RouterTimeout}.get(code, RouterError)
@@ -151,15 +158,19 @@ class RouterClient:
 
 
 class AsyncRouterClient:
-    """asyncio client (create it inside the event loop that uses it)."""
+    """asyncio client (create it inside the event loop that uses it). Route calls go over one stream of calls
+    (`streamed`, the default) or are unary."""
 
     def __init__(self, address: str | None = None, *, channel: grpc.aio.Channel | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+                 timeout_s: float = DEFAULT_TIMEOUT_S, streamed: bool = True) -> None:
         if (address is None) == (channel is None):
             raise ValueError("give either address or channel")
         self._own = channel is None
         self._channel = channel or grpc.aio.insecure_channel(address)  # type: ignore[arg-type]
         self._stub = router_pb2_grpc.RouterStub(self._channel)
+        stream = CallStream(self._channel, ROUTE_STREAM, router_pb2.RouteCall, router_pb2.RouteResult) if streamed \
+            else None
+        self._route = StreamedMethod(self._stub.Route, stream)
         self._timeout_s = deadline_s(timeout_s, DEFAULT_TIMEOUT_S)
 
     async def route(self, prompt: str | None = None, *, ttft_slo_ms: float, prompt_tokens: int | None = None,
@@ -170,8 +181,8 @@ class AsyncRouterClient:
                                 allowed_models=allowed_models, request_id=request_id,
                                 lambda_per_micro_usd=lambda_per_micro_usd, delta_per_s=delta_per_s)
         try:
-            return await self._stub.Route(request, timeout=deadline_s(timeout_s, self._timeout_s))
-        except grpc.RpcError as error:
+            return await self._route(request, deadline_s(timeout_s, self._timeout_s))
+        except CallFailed as error:
             raise error_of(error) from None
 
     async def report_outcome(self, request_id: str, *, observed_ttft_ms: float, output_tokens: int = 0,
@@ -183,6 +194,7 @@ class AsyncRouterClient:
             raise error_of(error) from None
 
     async def close(self) -> None:
+        await self._route.close()
         if self._own:
             await self._channel.close()
 

@@ -59,6 +59,7 @@ class RouterApp:
     register: Callable[[grpc.aio.Server], list[str]]
     background: list[Callable[[], Awaitable[None]]]
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    on_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # as the server stops: end streams
 
     async def close(self) -> None:
         for close in reversed(self.closers):
@@ -116,8 +117,9 @@ async def build(config: RouterConfig, registry: CollectorRegistry | None = None,
                 "fallback %s", config.predictor_address, config.estimator_address, config.redis.describe(),
                 len(discovery.pools), config.discovery.mode, config.default_policy, config.fallback_policy)
     closers.append(router.close)
-    return RouterApp(router, lambda grpc_server: server.register(grpc_server, router),
-                     [lambda: router.refresh_forever(config.refresh_interval_s)], closers)
+    servicer = server.RouterServicer(router)
+    return RouterApp(router, lambda grpc_server: server.register(grpc_server, servicer),
+                     [lambda: router.refresh_forever(config.refresh_interval_s)], closers, [servicer.streams.close])
 
 
 def build_policies(config: RouterConfig) -> tuple[dict[str, Any], Any]:
@@ -194,7 +196,8 @@ async def serve(config: RouterConfig) -> None:
     app = await build(config)
     settings = server_settings(config, config.metrics_port)
     try:
-        await serve_until_stopped(settings, app.register, on_ready=announce, background=app.background)
+        await serve_until_stopped(settings, app.register, on_ready=announce, background=app.background,
+                                  on_stop=app.on_stop)
     finally:
         await app.close()
 
@@ -232,7 +235,7 @@ async def start(config: RouterConfig, registry: CollectorRegistry | None = None,
     app = await build(config, registry, tracer)
     settings = server_settings(config, None)
     try:
-        running = await start_server(settings, app.register)
+        running = await start_server(settings, app.register, app.on_stop)
     except BaseException:  # e.g. ServiceStartError: its Redis connections and channels close all the same
         await app.close()
         raise

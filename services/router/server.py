@@ -3,12 +3,18 @@
     InvalidQuery      → INVALID_ARGUMENT, the message names the field
     DuplicateRequest  → ALREADY_EXISTS (a request id this router has routed already)
     NoInstances       → UNAVAILABLE (no ready instance serves the query's models)
+
+`RouteStream` is Route's stream twin (many Route calls over one stream, `bear.common.call_streams`): each call is
+answered alike, its error as the status Route would have failed with.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import grpc
 
+from bear.common.call_streams import CallFailed, CallStreamServer, answer_unary
 from bear.router import wire
 from bear.router.query import DuplicateRequest, InvalidQuery
 from bear.router.router import NoInstances, Router
@@ -20,18 +26,16 @@ SERVICE_NAME = router_pb2.DESCRIPTOR.services_by_name["Router"].full_name
 class RouterServicer(router_pb2_grpc.RouterServicer):
     def __init__(self, router: Router) -> None:
         self._router = router
+        self.streams = CallStreamServer(self._route, router_pb2.RouteResult,  # .close() at shutdown
+                                        f"/{SERVICE_NAME}/RouteStream")
 
     async def Route(self, request: router_pb2.RouteRequest,  # noqa: N802 - the proto's name
                     context: grpc.aio.ServicerContext) -> router_pb2.RouteDecision:
-        try:
-            result = await self._router.route(wire.query_from_proto(request))
-        except DuplicateRequest as error:
-            await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(error))
-        except InvalidQuery as error:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
-        except NoInstances as error:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
-        return wire.decision_to_proto(result)
+        return await answer_unary(self._route(request), context)
+
+    async def RouteStream(self, calls: AsyncIterator[router_pb2.RouteCall],  # noqa: N802 - the proto's name
+                          context: grpc.aio.ServicerContext) -> None:
+        await self.streams.serve(calls, context)
 
     async def ReportOutcome(self, request: router_pb2.OutcomeReport,  # noqa: N802 - the proto's name
                             context: grpc.aio.ServicerContext) -> router_pb2.OutcomeAck:
@@ -41,7 +45,18 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         return wire.ack_to_proto(known, predicted_ttft_ms)
 
+    async def _route(self, request: router_pb2.RouteRequest) -> router_pb2.RouteDecision:
+        try:
+            result = await self._router.route(wire.query_from_proto(request))
+        except DuplicateRequest as error:
+            raise CallFailed(grpc.StatusCode.ALREADY_EXISTS, str(error)) from None
+        except InvalidQuery as error:
+            raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT, str(error)) from None
+        except NoInstances as error:
+            raise CallFailed(grpc.StatusCode.UNAVAILABLE, str(error)) from None
+        return wire.decision_to_proto(result)
 
-def register(server: grpc.aio.Server, router: Router) -> list[str]:
-    router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(router), server)
+
+def register(server: grpc.aio.Server, servicer: RouterServicer) -> list[str]:
+    router_pb2_grpc.add_RouterServicer_to_server(servicer, server)
     return [SERVICE_NAME]

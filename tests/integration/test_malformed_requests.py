@@ -20,6 +20,7 @@ from bear.estimator.server import EstimatorServicer
 from bear.estimator.server import register as register_estimator
 from bear.predictor.server import PredictorServicer
 from bear.predictor.server import register as register_predictor
+from bear.router.server import RouterServicer
 from bear.router.server import register as register_router
 from tests.service_loop import LoopThread
 
@@ -43,7 +44,7 @@ def channel() -> Iterator[grpc.Channel]:
     estimator = EstimatorServicer(_Unreachable())  # type: ignore[arg-type]
 
     def register(server: grpc.aio.Server) -> list[str]:
-        return [*register_router(server, _Unreachable()),  # type: ignore[arg-type]
+        return [*register_router(server, RouterServicer(_Unreachable())),  # type: ignore[arg-type]
                 *register_predictor(predictor)(server), *register_estimator(estimator)(server)]
 
     running: RunningServer = loop.run(start_server(ServerSettings("bear-test", "127.0.0.1", 0, None, 1.0), register))
@@ -75,7 +76,8 @@ def test_a_unary_call_with_malformed_bytes_is_invalid_argument(channel: grpc.Cha
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
 
 
-@pytest.mark.parametrize("method", ["/bear.v1.Predictor/PredictStream", "/bear.v1.Estimator/EstimateStream"])
+@pytest.mark.parametrize("method", ["/bear.v1.Predictor/PredictStream", "/bear.v1.Estimator/EstimateStream",
+                                    "/bear.v1.Router/RouteStream"])
 @pytest.mark.parametrize("payload", [b"\x12\x05\x0a\x03" + NOT_UTF8, GARBAGE], ids=["not-utf8", "garbage"])
 def test_a_stream_of_calls_with_a_malformed_message_ends_invalid_argument(channel: grpc.Channel, method: str,
                                                                           payload: bytes,

@@ -21,7 +21,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bear.common import redis_keys
 from bear.router import wire
-from bear.router.client import AsyncRouterClient, InvalidRequest, RouterClient, RouterTimeout, RouterUnavailable
+from bear.router.client import (
+    AsyncRouterClient,
+    DuplicateRequest,
+    InvalidRequest,
+    RouterClient,
+    RouterTimeout,
+    RouterUnavailable,
+)
 from bear.router.server import SERVICE_NAME
 from bear.v1 import router_pb2, router_pb2_grpc
 from tests.router_fakes import THREE_INSTANCES, write_pools_file
@@ -94,6 +101,54 @@ def test_the_asyncio_client(stack: RouterStack) -> None:
 
     decision, ack = asyncio.run(calls())
     assert decision.instance_id == "small-0" and ack.known and ack.predicted_ttft_ms == 100.0
+
+
+def test_the_asyncio_client_routes_over_a_stream_of_calls_and_its_errors_are_routes(stack: RouterStack) -> None:
+    # RouteStream: each call a server span of its own (under the client's), answered as Route; errors as Route's.
+    exporter = span_exporter()
+    exporter.clear()
+
+    async def calls() -> list[object]:
+        async with AsyncRouterClient(stack.address) as client:
+            outcomes: list[object] = [await client.route("Summarize.", ttft_slo_ms=250.0, request_id="s-1")]
+            for arguments in ({"request_id": "s-1"}, {"ttft_slo_ms": math.nan}, {"policy": "fastest-please"},
+                              {"allowed_models": ["gpt-9"]}):
+                try:
+                    await client.route("Summarize.", **{"ttft_slo_ms": 250.0, **arguments})  # type: ignore[arg-type]
+                except Exception as error:  # noqa: BLE001 - what each raised
+                    outcomes.append(error)
+            outcomes.append(await client.route("Summarize again.", ttft_slo_ms=250.0, request_id="s-2"))
+            return outcomes
+
+    first, duplicate, nan_slo, policy, model, last = asyncio.run(calls())
+    assert isinstance(first, router_pb2.RouteDecision) and first.request_id == "s-1"
+    assert isinstance(last, router_pb2.RouteDecision) and last.request_id == "s-2"  # the stream goes on after errors
+    assert isinstance(duplicate, DuplicateRequest) and duplicate.code is grpc.StatusCode.ALREADY_EXISTS
+    for error, field in ((nan_slo, "ttft_slo_ms"), (policy, "policy"), (model, "allowed_models")):
+        assert isinstance(error, InvalidRequest) and error.code is grpc.StatusCode.INVALID_ARGUMENT
+        assert error.message.startswith(f"{field}: ")
+    spans = exporter.get_finished_spans()
+    route = next(s for s in spans if s.name == "bear.route" and s.attributes["bear.request_id"] == "s-2")
+    in_trace = {(s.name, s.kind): s for s in spans if s.context.trace_id == route.context.trace_id}
+    server = in_trace["/bear.v1.Router/RouteStream", SpanKind.SERVER]
+    assert route.parent.span_id == server.context.span_id
+    assert server.parent.span_id == in_trace["/bear.v1.Router/RouteStream", SpanKind.CLIENT].context.span_id
+    assert not any(s.name == "/bear.v1.Router/Route" for s in spans)
+
+
+def test_the_asyncio_client_can_make_unary_calls(stack: RouterStack) -> None:
+    exporter = span_exporter()
+    exporter.clear()
+
+    async def call() -> None:
+        async with AsyncRouterClient(stack.address, streamed=False) as client:
+            await client.route("Summarize.", ttft_slo_ms=250.0, request_id="u-1")
+            with pytest.raises(InvalidRequest, match="^INVALID_ARGUMENT: ttft_slo_ms: "):
+                await client.route("Summarize.", ttft_slo_ms=-1.0)
+
+    asyncio.run(call())
+    names = {s.name for s in exporter.get_finished_spans()}
+    assert "/bear.v1.Router/Route" in names and "/bear.v1.Router/RouteStream" not in names
 
 
 @pytest.mark.parametrize(("fields", "field"), [
