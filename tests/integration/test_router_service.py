@@ -198,6 +198,16 @@ def test_the_clients_deadline(stack: RouterStack) -> None:
         client.route("Summarize.", ttft_slo_ms=100.0)
 
 
+@pytest.mark.parametrize("streamed", [True, False])
+def test_the_asyncio_clients_deadline(stack: RouterStack, streamed: bool) -> None:
+    async def call() -> None:
+        async with AsyncRouterClient(stack.address, timeout_s=1e-4, streamed=streamed) as client:
+            with pytest.raises(RouterTimeout):
+                await client.route("Summarize.", ttft_slo_ms=100.0)
+
+    asyncio.run(call())
+
+
 def test_health_and_reflection(stack: RouterStack) -> None:
     with grpc.insecure_channel(stack.address) as channel:
         health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME),
