@@ -40,6 +40,7 @@ from opentelemetry import propagate, trace
 logger = logging.getLogger("bear.call_streams")
 
 CALL_STREAM_SUFFIX = "Stream"  # how a stream of calls is named: the unary method's name + "Stream"
+MAX_CALLS_IN_FLIGHT = 512  # per stream: beyond this many unanswered calls the server stops reading the stream
 UNARY_RETRY_S = 60.0  # a server without the twin is asked again after this long (it may have been upgraded)
 LATE_TURNS = 4  # loop passes an expired call still waits: its answer may be read, passed on and taken meanwhile
 
@@ -99,11 +100,17 @@ async def answer_unary(answer: Awaitable[Response], context: grpc.aio.ServicerCo
 
 class CallStreamServer(Generic[Request, Response]):
     """The handler of a stream of calls: each call answered by `answer` (the unary method's logic) in a task of its
-    own, its result written as soon as it is ready."""
+    own, its result written as soon as it is ready. At most `max_in_flight` calls of a stream are answered at once:
+    past that the stream is not read until one is done (gRPC's flow control then holds the caller's writes back), as
+    a connection's limit of concurrent streams bounds unary calls; a caller that floods a stream, or reads no results,
+    cannot pile up work without end."""
 
     def __init__(self, answer: Callable[[Request], Awaitable[Response]], result_type: Callable[..., Any],
-                 span_name: str) -> None:
+                 span_name: str, max_in_flight: int = MAX_CALLS_IN_FLIGHT) -> None:
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self._answer, self._result_type, self._span_name = answer, result_type, span_name
+        self._max_in_flight = max_in_flight
         self._tracer = trace.get_tracer(__name__)
         self._streams: dict[asyncio.Task[Any], set[asyncio.Task[None]]] = {}  # handler task → its calls in flight
         self._closing: set[asyncio.Task[Any]] = set()
@@ -114,12 +121,19 @@ class CallStreamServer(Generic[Request, Response]):
         in_flight: set[asyncio.Task[None]] = set()
         self._streams[handler] = in_flight
         write_lock = asyncio.Lock()  # gRPC takes one write at a time
+        slots = asyncio.Semaphore(self._max_in_flight - 1)  # a call is read, then a slot taken for the next one
         traced = _traced()
+
+        def done(task: asyncio.Task[None]) -> None:
+            in_flight.discard(task)
+            slots.release()
+
         try:
             async for call in calls:
                 task = asyncio.ensure_future(self._one(call, context, write_lock, traced))
                 in_flight.add(task)
-                task.add_done_callback(in_flight.discard)
+                task.add_done_callback(done)
+                await slots.acquire()  # free unless max_in_flight calls are unanswered
         except asyncio.CancelledError:
             if handler not in self._closing:
                 raise

@@ -237,6 +237,36 @@ def test_a_server_without_the_stream_twin_is_called_unary_and_asked_again_later(
     run(scenario)
 
 
+def test_a_stream_has_at_most_max_in_flight_calls_answered_at_once_and_the_rest_wait() -> None:
+    # A caller that floods a stream cannot pile up work: past the limit the stream is not read until a call is done.
+    async def scenario() -> None:
+        busy, most = [0], [0]
+
+        async def answer(request: estimator_pb2.EstimateRequest) -> estimator_pb2.EstimateResponse:
+            busy[0] += 1
+            most[0] = max(most[0], busy[0])
+            await asyncio.sleep(0.05)
+            busy[0] -= 1
+            return await _answer(request)
+
+        servicer = Servicer()
+        servicer.streams = CallStreamServer(answer, estimator_pb2.EstimateResult, METHOD, max_in_flight=3)
+        server = await Server(servicer).start()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stream = _stream(channel)
+            started = time.perf_counter()
+            replies = await asyncio.gather(*(stream.call(_request(f"q{i}"), timeout_s=10) for i in range(12)))
+            elapsed = time.perf_counter() - started
+            assert [r.estimates[0].instance_id for r in replies] == [f"q{i}" for i in range(12)]
+            assert most[0] == 3 and elapsed >= 4 * 0.05 * 0.9  # four rounds of three
+            await stream.close()
+        await server.kill()
+        with pytest.raises(ValueError, match="max_in_flight must be >= 1"):
+            CallStreamServer(answer, estimator_pb2.EstimateResult, METHOD, max_in_flight=0)
+
+    run(scenario)
+
+
 def test_shutdown_answers_the_calls_in_flight_and_ends_the_streams_without_waiting_for_the_grace() -> None:
     async def scenario() -> None:
         async with connected(grace_s=5.0) as (server, stream):
