@@ -364,11 +364,15 @@ class Router:
     # Instances ------------------------------------------------------------------------------------------------------
 
     async def refresh_instances(self) -> None:
-        """Re-reads the registrations from Redis (kept as they were when Redis fails)."""
+        """Re-reads the registrations from Redis (kept as they were when Redis fails). Never raises: the first Route
+        calls wait for the first refresh, and the refresh loop must outlive anything Redis holds."""
         try:
             self._pool.update_registrations(await self._store.registrations(), self._clock())
         except DependencyUnavailable as error:
             self._metrics.dependency_errors.labels("redis", error.code).inc()
+        except Exception:  # noqa: BLE001 - a bug or a value no check foresaw: the registrations stay as they were
+            logger.exception("refreshing the instance registrations failed; kept as they were")
+            self._metrics.dependency_errors.labels("redis", "UNEXPECTED").inc()
         self._loaded = True
         ids = {i.instance_id for i in self._pool.instances()}
         self._metrics.instances.set(len(ids))

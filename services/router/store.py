@@ -9,11 +9,14 @@
 
 Every operation has a deadline. After a failure the store stops calling Redis for `retry_after_s` (each call in that
 time fails at once), so that a Redis that hangs costs one deadline, not one per query; callers count the failures.
+A value that does not decode (another program's, or a broken writer's, under one of BEAR's keys) is skipped as if
+absent, with a warning at most once a minute per key: it never fails a read of the others.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
@@ -29,6 +32,10 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 TRIM_INTERVAL_S = 1.0
+UNDECODABLE_WARNING_S = 60.0  # a key whose value does not decode is warned about at most this often
+MAX_WARNED_KEYS = 1024
+
+logger = logging.getLogger("bear.router")
 
 
 class RedisStore:
@@ -40,6 +47,7 @@ class RedisStore:
         self._clock = clock
         self._down_until = 0.0  # monotonic time before which Redis is not called
         self._trimmed_at: dict[str, float] = {}
+        self._warned_at: dict[str, float] = {}  # key → when its undecodable value was last warned about
 
     async def record_dispatches(self, records: Sequence[DispatchRecord]) -> None:
         ttl_s = redis_keys.DISPATCH_TTL_S
@@ -60,8 +68,9 @@ class RedisStore:
         await self._call("record", write)
 
     async def dispatch(self, request_id: str) -> DispatchRecord | None:
-        payload = await self._call("dispatch", lambda: self._client.get(redis_keys.dispatch_key(request_id)))
-        return None if payload is None else wire.dispatch_from_bytes(payload)
+        key = redis_keys.dispatch_key(request_id)
+        payload = await self._call("dispatch", lambda: self._client.get(key))
+        return None if payload is None else self._decoded(key, wire.dispatch_from_bytes, payload)
 
     async def queue_lengths(self, instance_ids: Sequence[str], max_age_s: float) -> dict[str, QueueLengths]:
         """Queue lengths of the instances whose latest snapshot is at most `max_age_s` old."""
@@ -69,25 +78,43 @@ class RedisStore:
         payloads = await self._call("snapshots", lambda: self._client.mget(keys)) if keys else []
         now_s = self._clock()
         queues = {}
-        for instance_id, payload in zip(instance_ids, payloads, strict=True):
-            if payload is None:
-                continue
-            queue = wire.queue_lengths_from_bytes(payload, now_s)
-            if queue.snapshot_age_ms <= max_age_s * 1000:
+        for key, instance_id, payload in zip(keys, instance_ids, payloads, strict=True):
+            queue = None if payload is None else self._decoded(
+                key, lambda p: wire.queue_lengths_from_bytes(p, now_s), payload)
+            if queue is not None and queue.snapshot_age_ms <= max_age_s * 1000:
                 queues[instance_id] = queue
         return queues
 
     async def registrations(self) -> dict[str, Registration]:
-        async def read() -> list[bytes | None]:
-            ids = [i.decode() for i in await self._client.zrange(redis_keys.INSTANCES, 0, -1)]
-            return await self._client.mget([redis_keys.instance_key(i) for i in ids]) if ids else []
+        async def read() -> tuple[list[str], list[bytes | None]]:
+            members = await self._client.zrange(redis_keys.INSTANCES, 0, -1)
+            ids = [i for i in (self._decoded(redis_keys.INSTANCES, bytes.decode, m) for m in members) if i]
+            return ids, await self._client.mget([redis_keys.instance_key(i) for i in ids]) if ids else []
 
-        payloads = await self._call("registrations", read)
-        found = [wire.registration_from_bytes(p) for p in payloads if p is not None]
-        return {r.instance_id: r for r in found}
+        ids, payloads = await self._call("registrations", read)
+        found = {}
+        for instance_id, payload in zip(ids, payloads, strict=True):
+            registration = None if payload is None else self._decoded(
+                redis_keys.instance_key(instance_id), wire.registration_from_bytes, payload)
+            if registration is not None and registration.instance_id:
+                found[registration.instance_id] = registration
+        return found
 
     async def close(self) -> None:
         await self._client.aclose()
+
+    def _decoded(self, key: str, decode: Callable[[bytes], T], payload: bytes) -> T | None:
+        try:
+            return decode(payload)
+        except Exception as error:  # noqa: BLE001 - DecodeError, UnicodeDecodeError: not a value BEAR wrote
+            now_s = time.monotonic()
+            if now_s - self._warned_at.get(key, -UNDECODABLE_WARNING_S) >= UNDECODABLE_WARNING_S:
+                if len(self._warned_at) >= MAX_WARNED_KEYS:
+                    self._warned_at.clear()
+                self._warned_at[key] = now_s
+                logger.warning("Redis key %s holds a value that does not decode (%s: %s): skipped", key,
+                               type(error).__name__, error)
+            return None
 
     async def _call(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
         if time.monotonic() < self._down_until:

@@ -4,6 +4,7 @@ decision that could not use a dependency says so (`degraded`, the stated fallbac
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from bear.common import redis_keys
+from bear.router.client import RouterUnavailable
 from bear.v1 import estimator_pb2, router_pb2
-from tests.router_fakes import THREE_INSTANCES, InstanceState, put_snapshot
+from tests.router_fakes import THREE_INSTANCES, InstanceState, put_snapshot, register_instances
 from tests.router_stack import Load, RouterStack, wait_until
 
 # Queue lengths in the snapshots in Redis (the fallback's signal when the estimator is down): medium is shortest.
@@ -132,3 +134,34 @@ def test_stale_snapshots(stack: RouterStack) -> None:
     decision = stack.route()
     assert decision.degraded and decision.policy == "round-robin"
     assert decision.degraded_reason.endswith("round-robin (no queue lengths)")
+
+
+def test_values_in_redis_that_do_not_decode_are_skipped(tmp_path: Path) -> None:
+    # Another program's (or a broken writer's) values under BEAR's keys: skipped as if absent, never failing a Route,
+    # the registration refresh, the fallback or ReportOutcome.
+    stack = RouterStack(tmp_path, register=False)
+    try:
+        garbage = b"\xff\xff\xff\xff"
+        stack.redis.zadd(redis_keys.INSTANCES, {b"bad\xff": time.time(), "broken-0": time.time()})
+        stack.redis.set(redis_keys.instance_key("broken-0"), garbage)
+        register_instances(stack.redis, THREE_INSTANCES)
+
+        def routed_to() -> set[str]:
+            try:
+                return {c.instance_id for c in stack.route().candidates}
+            except RouterUnavailable:  # not refreshed yet
+                return set()
+
+        assert wait_until(lambda: routed_to() == {"small-0", "medium-0", "large-0"})
+        register_instances(stack.redis, [dataclasses.replace(THREE_INSTANCES[0], instance_id="small-1")])
+        assert wait_until(lambda: "small-1" in routed_to())  # the refresh goes on
+        stack.redis.set(redis_keys.dispatch_key("mangled"), garbage)
+        assert not stack.client.report_outcome("mangled", observed_ttft_ms=90.0).known
+        for instance_id, (running, waiting) in SNAPSHOT_QUEUES.items():
+            put_snapshot(stack.redis, instance_id, running=running, waiting=waiting)
+        stack.redis.set(redis_keys.snapshot_key("small-0"), garbage)
+        stack.estimator_server.kill()
+        decision = stack.route()
+        assert decision.degraded and decision.policy == "shortest-queue" and decision.instance_id == "medium-0"
+    finally:
+        stack.close()
