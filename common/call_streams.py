@@ -167,8 +167,8 @@ class CallStreamServer(Generic[Request, Response]):
         try:
             async with write_lock:
                 await context.write(result)
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
-            pass  # the caller has gone: nobody is waiting for this result
+        except Exception:  # noqa: BLE001 - AioRpcError, UsageError, cygrpc's ExecuteBatchError: the stream is gone
+            logger.debug("%s: the result of call %d had no stream to go to", self._span_name, call.call_id)
 
     def _span(self, call: _CallMessage, traced: bool) -> AbstractContextManager[trace.Span | None]:
         if not traced:
@@ -186,6 +186,12 @@ class _OpenStream:
         self.write_lock = asyncio.Lock()
         self.reader: asyncio.Task[None] | None = None
         self.ended: CallFailed | None = None
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    """A write's failure is its call's (raised there when the call still waits): retrieved here for when it does not."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _expire(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], turns: int) -> None:
@@ -240,26 +246,37 @@ class CallStream(Generic[Request, Response]):
         future: asyncio.Future[Response] = loop.create_future()
         stream.pending[message.call_id] = future
         expiry = loop.call_at(deadline, _expire, loop, future, LATE_TURNS)
+        # The write is a task of its own: a deadline or a cancellation of this call must not interrupt it half-way,
+        # which would make grpc.aio cancel the stream, and with it every other call on it.
+        writing = asyncio.ensure_future(self._write(stream, message, future))
+        writing.add_done_callback(_retrieved)
         try:
             async with asyncio.timeout_at(deadline):  # a stream still connecting, a write held up
-                try:
-                    async with stream.write_lock:
-                        if stream.ended is not None:
-                            raise stream.ended
-                        await stream.call.write(message)
-                except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
-                    # The stream ended while writing: its status, once the reader has it.
-                    await asyncio.gather(stream.reader, return_exceptions=True)  # type: ignore[arg-type]
-                    raise stream.ended or CallFailed(grpc.StatusCode.UNAVAILABLE,
-                                                     "the stream of calls ended") from None
+                await asyncio.shield(writing)
             return await future
         except TimeoutError:
             raise CallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
         finally:
             expiry.cancel()
             stream.pending.pop(message.call_id, None)
-            if future.done() and not future.cancelled():
+            if not future.done():
+                future.cancel()  # nobody waits for it any more: a late answer or expiry leaves it alone
+            elif not future.cancelled():
                 future.exception()  # retrieved: the stream's end may have failed it after the error raised here
+
+    @staticmethod
+    async def _write(stream: _OpenStream, message: _CallMessage, future: asyncio.Future[Any]) -> None:
+        try:
+            async with stream.write_lock:
+                if stream.ended is not None:
+                    raise stream.ended
+                if future.done():
+                    return  # the call ended (its deadline, its caller) while waiting for its turn: not sent
+                await stream.call.write(message)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
+            # The stream ended while writing: its status, once the reader has it.
+            await asyncio.gather(stream.reader, return_exceptions=True)  # type: ignore[arg-type]
+            raise stream.ended or CallFailed(grpc.StatusCode.UNAVAILABLE, "the stream of calls ended") from None
 
     def _start(self) -> _OpenStream:
         stream = self._stream = _OpenStream(self._open())

@@ -10,7 +10,8 @@
 
 `AsyncRouterClient` has the same methods as coroutines; it routes over one long-lived stream of Route calls
 (`RouteStream`, opened on the first call: a call on it costs about half a unary call's time), or unary Route calls
-with `streamed=False` or where the router has no stream twin. Replies are the bear.v1 messages (`RouteDecision`,
+with `streamed=False`, where the router has no stream twin, and for a request over STREAMED_REQUEST_BYTES (a message
+over the router's size limit ends the stream it goes on, with every call on it: alone, only its own call fails). Replies are the bear.v1 messages (`RouteDecision`,
 `OutcomeAck`). Every call has a deadline (`timeout_s`, per client and per call). Arguments that cannot make a request
 (both or neither of prompt and prompt_tokens, a negative count, a string as allowed_models, a deadline <= 0) raise
 ValueError before any call. Errors:
@@ -34,6 +35,7 @@ from bear.common.call_streams import CallFailed, CallStream, StreamedMethod
 from bear.v1 import router_pb2, router_pb2_grpc
 
 DEFAULT_TIMEOUT_S = 1.0
+STREAMED_REQUEST_BYTES = 256 * 1024  # larger Route requests (long prompts) go unary
 ROUTE_STREAM = f"/{router_pb2.DESCRIPTOR.services_by_name['Router'].full_name}/RouteStream"
 
 
@@ -180,10 +182,15 @@ class AsyncRouterClient:
         request = route_request(prompt=prompt, prompt_tokens=prompt_tokens, ttft_slo_ms=ttft_slo_ms, policy=policy,
                                 allowed_models=allowed_models, request_id=request_id,
                                 lambda_per_micro_usd=lambda_per_micro_usd, delta_per_s=delta_per_s)
+        deadline = deadline_s(timeout_s, self._timeout_s)
         try:
-            return await self._route(request, deadline_s(timeout_s, self._timeout_s))
-        except CallFailed as error:
+            if request.ByteSize() > STREAMED_REQUEST_BYTES:
+                return await self._stub.Route(request, timeout=deadline)
+            return await self._route(request, deadline)
+        except (CallFailed, grpc.RpcError) as error:
             raise error_of(error) from None
+        except grpc.aio.UsageError as error:  # the channel is closed
+            raise RouterError(grpc.StatusCode.CANCELLED, str(error)) from None
 
     async def report_outcome(self, request_id: str, *, observed_ttft_ms: float, output_tokens: int = 0,
                              observed_e2e_ms: float = 0.0, timeout_s: float | None = None) -> router_pb2.OutcomeAck:
@@ -192,6 +199,8 @@ class AsyncRouterClient:
             return await self._stub.ReportOutcome(report, timeout=deadline_s(timeout_s, self._timeout_s))
         except grpc.RpcError as error:
             raise error_of(error) from None
+        except grpc.aio.UsageError as error:  # the channel is closed
+            raise RouterError(grpc.StatusCode.CANCELLED, str(error)) from None
 
     async def close(self) -> None:
         await self._route.close()

@@ -35,7 +35,7 @@ METHOD = "/bear.v1.Estimator/EstimateStream"
 async def _answer(request: estimator_pb2.EstimateRequest) -> estimator_pb2.EstimateResponse:
     kind, _, argument = request.query_id.partition(":")
     if kind == "sleep":
-        await asyncio.sleep(float(argument))
+        await asyncio.sleep(float(argument.split("#")[0]))  # "sleep:S#tag": tagged, to tell calls apart
     elif kind == "fail":
         raise CallFailed(grpc.StatusCode[argument], f"failed as told ({argument})")
     elif kind == "boom":
@@ -263,6 +263,26 @@ def test_a_stream_has_at_most_max_in_flight_calls_answered_at_once_and_the_rest_
         await server.kill()
         with pytest.raises(ValueError, match="max_in_flight must be >= 1"):
             CallStreamServer(answer, estimator_pb2.EstimateResult, METHOD, max_in_flight=0)
+
+    run(scenario)
+
+
+def test_a_call_ended_by_its_deadline_or_its_caller_leaves_the_others_on_the_stream_alone() -> None:
+    # Cancelling a write half-way would make grpc.aio cancel the stream, failing every call on it.
+    async def scenario() -> None:
+        async with connected() as (server, stream):
+            others = [asyncio.ensure_future(stream.call(_request(f"sleep:0.2#{i}"), timeout_s=5)) for i in range(10)]
+            await asyncio.sleep(0.05)
+            with pytest.raises(CallFailed) as failed:
+                await stream.call(_request("rushed"), timeout_s=1e-6)
+            assert failed.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
+            victim = asyncio.ensure_future(stream.call(_request("sleep:0.1"), timeout_s=5))
+            await asyncio.sleep(0)
+            victim.cancel()
+            replies = await asyncio.gather(*others)
+            assert [r.estimates[0].instance_id for r in replies] == [f"sleep:0.2#{i}" for i in range(10)]
+            assert (await stream.call(_request("after"), timeout_s=5)).estimates[0].instance_id == "after"
+            assert server.servicer.opened == 1
 
     run(scenario)
 

@@ -26,6 +26,7 @@ from bear.router.client import (
     DuplicateRequest,
     InvalidRequest,
     RouterClient,
+    RouterError,
     RouterTimeout,
     RouterUnavailable,
 )
@@ -134,6 +135,28 @@ def test_the_asyncio_client_routes_over_a_stream_of_calls_and_its_errors_are_rou
     assert route.parent.span_id == server.context.span_id
     assert server.parent.span_id == in_trace["/bear.v1.Router/RouteStream", SpanKind.CLIENT].context.span_id
     assert not any(s.name == "/bear.v1.Router/Route" for s in spans)
+
+
+def test_the_asyncio_client_sends_a_long_request_unary_and_refuses_calls_once_closed(stack: RouterStack) -> None:
+    # A message over the router's size limit would end the stream it goes on, with every call on it.
+    async def calls() -> list[object]:
+        client = AsyncRouterClient(stack.address)
+        outcomes = await asyncio.gather(
+            *(client.route(f"Summarize {i}.", ttft_slo_ms=250.0) for i in range(5)),
+            client.route("x" * 10_000_000, ttft_slo_ms=250.0), return_exceptions=True)  # over 8 MiB
+        await client.close()
+        for call in (client.route("Summarize.", ttft_slo_ms=250.0), client.report_outcome("r", observed_ttft_ms=1.0)):
+            try:
+                await call
+            except RouterError as error:
+                outcomes.append(error)
+        return outcomes
+
+    *good, big, closed_route, closed_report = asyncio.run(calls())
+    assert all(isinstance(d, router_pb2.RouteDecision) for d in good)
+    assert isinstance(big, RouterError) and big.code is grpc.StatusCode.RESOURCE_EXHAUSTED  # gRPC's own limit
+    for error in (closed_route, closed_report):
+        assert isinstance(error, RouterError) and error.code is grpc.StatusCode.CANCELLED
 
 
 def test_the_asyncio_client_can_make_unary_calls(stack: RouterStack) -> None:
