@@ -12,6 +12,11 @@ what they have generated (`RemainingTokens`). A missing or too old snapshot fall
 The estimator service (`bear.estimator.snapshot_feed`) resolves residents' remaining lengths before it adopts a
 snapshot (`resident_lengths` gives the inputs, the `remaining` passed to `update_snapshot` the answers), so that
 adopting a snapshot never waits on the predictor. An instance id the estimator does not know is answered NONE.
+
+A snapshot's times must be numbers no more than MAX_CLOCK_AHEAD_S ahead of the estimator's clock (`time_fault`): one
+taken or read in the future would pass for newer than every later snapshot, and never age. Snapshots are ordered by
+`taken_at_s`, which survives engine restarts (`supersedes`); one held that was taken ahead of the estimator's clock
+gives way to a greater sequence number too.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ from bear.v1 import snapshot_pb2
 # E[remaining output tokens] of residents of one model: (model, predicted output tokens at dispatch, tokens generated,
 # max_tokens with 0 for none), arrays of equal length -> array (e.g. Predictor.expected_remaining_tokens_many).
 RemainingTokens = Callable[[str, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+
+MAX_CLOCK_AHEAD_S = 5.0  # how far a snapshot's times may be ahead of the estimator's clock (hosts' clock skew)
 
 
 class Method(enum.StrEnum):
@@ -172,12 +179,16 @@ class Estimator:
 
     def update_snapshot(self, snapshot: snapshot_pb2.InstanceSnapshot, now_s: float,
                         remaining: RemainingTokens | None = None) -> bool:
-        """Adopts a newer snapshot (an older one is ignored; the same state found current later refreshes its age)
-        and prepares it for replays; `remaining` replaces the estimator's own for this snapshot. Returns whether the
-        snapshot was adopted. A snapshot the replay cannot use raises InvalidState and leaves the previous one."""
+        """Adopts a newer snapshot (`supersedes`: an older one is ignored; the same state found current later
+        refreshes its age) and prepares it for replays; `remaining` replaces the estimator's own for this snapshot.
+        Returns whether the snapshot was adopted. A snapshot the replay cannot use, or whose times are not plausible
+        at `now_s` (`time_fault`), raises InvalidState and leaves the previous one."""
+        fault = time_fault(snapshot, now_s)
+        if fault is not None:
+            raise InvalidState(fault)
         instance = self._instance(snapshot.instance_id)
         current = instance.snapshot
-        if current is not None and snapshot.taken_at_s <= current.taken_at_s:
+        if current is not None and not supersedes(snapshot, current, now_s):
             if snapshot.taken_at_s == current.taken_at_s and snapshot.read_at_s > current.read_at_s:
                 current.read_at_s = snapshot.read_at_s
             return False
@@ -324,6 +335,32 @@ def _replay_each(query: Query, targets: list[Target], horizon_s: float) -> list:
             except InvalidState as error:
                 results.append(error)
         return results
+
+
+def time_fault(snapshot: snapshot_pb2.InstanceSnapshot, now_s: float) -> str | None:
+    """Why the snapshot's times cannot be those of a state the estimator's clock has seen by `now_s` (None: they
+    can): `taken_at_s` or `read_at_s` not a finite number, or more than MAX_CLOCK_AHEAD_S ahead of `now_s`."""
+    for name, at_s in (("taken_at_s", snapshot.taken_at_s), ("read_at_s", snapshot.read_at_s)):
+        if not math.isfinite(at_s):
+            return f"{name} is {at_s!r}"
+        if at_s > now_s + MAX_CLOCK_AHEAD_S:
+            return f"{name} is {at_s - now_s:.3f} s ahead of the estimator's clock (at most {MAX_CLOCK_AHEAD_S:g} s)"
+    return None
+
+
+def supersedes(snapshot: snapshot_pb2.InstanceSnapshot, current: snapshot_pb2.InstanceSnapshot,
+               now_s: float) -> bool:
+    """Whether `snapshot` is newer than `current`, the one held at `now_s`: taken later (the order across engine
+    restarts, whose sequence numbers may start over); or, while `current` was taken ahead of the estimator's clock
+    (a skewed clock), later by the engine's own count (a greater sequence number); or whatever comes once `current`
+    is more than MAX_CLOCK_AHEAD_S ahead or not a number (the estimator's clock went back), so that no snapshot held
+    can shut out those that follow."""
+    if snapshot.taken_at_s > current.taken_at_s:
+        return True
+    ahead_s = current.taken_at_s - now_s
+    if not math.isfinite(ahead_s) or ahead_s > MAX_CLOCK_AHEAD_S:
+        return True
+    return ahead_s > 0 and snapshot.sequence_number > current.sequence_number
 
 
 def in_flight_s(snapshot: snapshot_pb2.InstanceSnapshot, coefficients: BatchTimeCoefficients) -> float:

@@ -55,7 +55,10 @@ class FeedCollector(Collector):
         for name, text, value in (
                 ("snapshots_received", "Snapshots received from Redis", stats.snapshots_received),
                 ("snapshots_adopted", "Snapshots prepared for the replay", stats.snapshots_adopted),
-                ("snapshots_rejected", "Snapshots the replay cannot use", stats.snapshots_rejected),
+                ("snapshots_rejected", "Snapshots refused (times not plausible, too many rows) or the replay cannot "
+                 "use", stats.snapshots_rejected),
+                ("undecodable_values", "Values and members read from Redis skipped as undecodable",
+                 stats.undecodable_values),
                 ("dispatches_recorded", "Dispatch records read from Redis", stats.dispatches_recorded),
                 ("redis_failures", "Failed Redis calls", stats.redis_failures),
                 ("resyncs", "Full rereads of Redis", stats.resyncs)):

@@ -3,7 +3,9 @@
 Four loops share the loop with the Estimate calls, which only ever read the estimator's memory:
 
 - **subscription** to `bear:snapshots`: every published snapshot is offered; a snapshot not yet adopted is replaced
-  by a newer one of the same instance (only the latest matters).
+  by a newer one of the same instance (only the latest matters). A snapshot the estimator cannot trust (its times
+  not plausible, or more rows than the snapshotter writes: `admission.refusal`) is refused when offered, before any
+  work on its rows, and counted with those the replay cannot use; the instance keeps the snapshot it has.
 - **adoption**: the offered snapshots are adopted together. First, in one round trip, the dispatch records
   (`bear:dispatch:<request id>`) of residents the estimator has none for, found through the engine's request ids
   (`request_key`); then their remaining lengths (`RemainingLengths.resolve`, one call per model); then each snapshot
@@ -20,13 +22,16 @@ Four loops share the loop with the Estimate calls, which only ever read the esti
   another does not wait for the poll to see the first.
 
 Every Redis call has a deadline (`redis_deadline_s`); a failing Redis is retried with back-off while the estimator
-keeps answering from what it holds (snapshots then age into the LPS fallback).
+keeps answering from what it holds (snapshots then age into the LPS fallback). A value in Redis that does not decode
+(a registration, a snapshot, a member that is not UTF-8) is skipped and counted, the others used; it is logged the
+first time and every 100th time after (`admission.LogThrottle`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -38,7 +43,8 @@ from redis.exceptions import RedisError
 from bear.common import redis_keys
 from bear.common.redis_config import honour_cancellation
 from bear.core.state import InvalidState
-from bear.estimator.estimation import Calibration, Dispatch, Estimator
+from bear.estimator.admission import LogThrottle, RedisValues, refusal
+from bear.estimator.estimation import Calibration, Dispatch, Estimator, supersedes
 from bear.estimator.lps_tracker import LpsTracker
 from bear.estimator.remaining import RemainingLengths, Rows
 from bear.estimator.request_ids import router_request_id
@@ -70,7 +76,8 @@ class FeedSettings:
 class FeedStats:
     snapshots_received: int = 0
     snapshots_adopted: int = 0
-    snapshots_rejected: int = 0  # the replay cannot use them (InvalidState)
+    snapshots_rejected: int = 0  # refused (`admission.refusal`) or the replay cannot use them (InvalidState)
+    undecodable_values: int = 0  # values and members read from Redis that were skipped: not ours, or not UTF-8
     dispatches_recorded: int = 0
     redis_failures: int = 0
     resyncs: int = 0
@@ -107,6 +114,8 @@ class SnapshotFeed:
         self._offered = asyncio.Event()
         self._resync_now = asyncio.Event()
         self.stats = FeedStats()
+        self._values = RedisValues(self.stats, logger)
+        self._refused = LogThrottle()  # by instance id
 
     # The loops ----------------------------------------------------------------------------------------------------
 
@@ -179,13 +188,20 @@ class SnapshotFeed:
     # One pass of each (also what the tests drive) -----------------------------------------------------------------
 
     def offer(self, snapshot: snapshot_pb2.InstanceSnapshot) -> None:
-        """Queues a snapshot for adoption (a newer one replaces it before then)."""
+        """Queues a snapshot for adoption (a newer one, or the same state read later, replaces it before then);
+        refuses one `admission.refusal` finds fault with (the instance keeps what it has)."""
         instance_id = snapshot.instance_id
         if not instance_id:
             return
         self.stats.snapshots_received += 1
+        now = self._clock()
+        fault = refusal(snapshot, now)
+        if fault is not None:
+            self._reject(snapshot, "refused", fault)
+            return
         pending = self._pending.get(instance_id)
-        if pending is None or (snapshot.taken_at_s, snapshot.read_at_s) > (pending.taken_at_s, pending.read_at_s):
+        if pending is None or supersedes(snapshot, pending, now) or (
+                snapshot.taken_at_s == pending.taken_at_s and snapshot.read_at_s > pending.read_at_s):
             self._pending[instance_id] = snapshot
         self._offered.set()
 
@@ -197,10 +213,13 @@ class SnapshotFeed:
             tracked = self._track(snapshot.instance_id, snapshot.model, now)
             tracked.last_seen_s = now
             current = self._estimator.snapshot(snapshot.instance_id)
-            if current is not None and snapshot.taken_at_s <= current.taken_at_s:
-                self._estimator.update_snapshot(snapshot, now)  # the same state, found current later
-            else:
+            if current is None or supersedes(snapshot, current, now):
                 fresh.append(snapshot)
+                continue
+            try:
+                self._estimator.update_snapshot(snapshot, now)  # the same state, found current later
+            except InvalidState as error:  # its times stopped being plausible since the offer (the clock went back)
+                self._reject(snapshot, "rejected", str(error))
         if not fresh:
             return
         wanted = self._residents_without_dispatch(fresh, now)
@@ -219,19 +238,22 @@ class SnapshotFeed:
         client, deadline_s = self._client, self._settings.redis_deadline_s
         raw_ids = await asyncio.wait_for(
             client.zrangebyscore(redis_keys.INSTANCES, now - self._settings.instances_window_s, "+inf"), deadline_s)
-        ids = [_text(i) for i in raw_ids]
+        ids = self._values.texts(raw_ids, redis_keys.INSTANCES)
         pipe = client.pipeline(transaction=False)
         for instance_id in ids:
             pipe.get(redis_keys.instance_key(instance_id))
             pipe.get(redis_keys.snapshot_key(instance_id))
         values = await asyncio.wait_for(pipe.execute(), deadline_s) if ids else []
-        for instance_id, registration, snapshot in zip(ids, values[::2], values[1::2], strict=True):
+        for instance_id, registration_value, snapshot_value in zip(ids, values[::2], values[1::2], strict=True):
+            registration = self._values.message(snapshot_pb2.InstanceRegistration, registration_value,
+                                                redis_keys.instance_key(instance_id))
+            snapshot = self._values.message(snapshot_pb2.InstanceSnapshot, snapshot_value,
+                                            redis_keys.snapshot_key(instance_id))
             if registration is None and snapshot is None:
                 continue
-            model = snapshot_pb2.InstanceRegistration.FromString(registration).model if registration else ""
-            self._track(instance_id, model, now).last_seen_s = now
+            self._track(instance_id, registration.model if registration is not None else "", now).last_seen_s = now
             if snapshot is not None:
-                self.offer(snapshot_pb2.InstanceSnapshot.FromString(snapshot))
+                self.offer(snapshot)
         for instance_id, model in self._listed().items():
             self._track(instance_id, model, now).last_seen_s = now
         self._forget_gone(now)
@@ -249,10 +271,12 @@ class SnapshotFeed:
         for instance_id in ids:
             snapshot = self._estimator.snapshot(instance_id)
             since_s = snapshot.taken_at_s if snapshot is not None else now - DISPATCH_LOOKBACK_S
+            if not math.isfinite(since_s):  # Redis refuses the whole pipeline over one bound that is not a number
+                since_s = now - DISPATCH_LOOKBACK_S
             pipe.zrangebyscore(redis_keys.dispatches_key(instance_id), since_s, "+inf")
         routed = await asyncio.wait_for(pipe.execute(), deadline_s)
-        wanted = [(instance_id, _text(request_id)) for instance_id, request_ids in zip(ids, routed, strict=True)
-                  for request_id in request_ids]
+        wanted = [(instance_id, request_id) for instance_id, request_ids in zip(ids, routed, strict=True)
+                  for request_id in self._values.texts(request_ids, redis_keys.dispatches_key(instance_id))]
         wanted = [(i, r) for i, r in wanted if not self._estimator.has_dispatch(i, r)]
         if wanted:
             records = await asyncio.wait_for(client.mget([redis_keys.dispatch_key(r) for _, r in wanted]), deadline_s)
@@ -309,14 +333,12 @@ class SnapshotFeed:
         try:
             adopted = self._estimator.update_snapshot(snapshot, now, self._remaining.lookup)
         except (InvalidState, ValueError) as error:
-            self.stats.snapshots_rejected += 1
-            if self.stats.snapshots_rejected == 1 or self.stats.snapshots_rejected % 100 == 0:
-                logger.warning("snapshot %d of %s rejected (%d so far): %s", snapshot.sequence_number, instance_id,
-                               self.stats.snapshots_rejected, error)
+            self._reject(snapshot, "rejected", str(error))
             return
         if not adopted:
             return
         self.stats.snapshots_adopted += 1
+        self._refused.ok(instance_id)
         tracked.lps.observe_snapshot(snapshot)
         if snapshot.HasField("batch_time") and coefficients_from_message(snapshot.batch_time) is not None:
             tracked.batch_time = snapshot.batch_time
@@ -382,6 +404,15 @@ class SnapshotFeed:
         self.stats.dispatches_recorded += 1
         return True
 
+    def _reject(self, snapshot: snapshot_pb2.InstanceSnapshot, verb: str, why: str) -> None:
+        """Counts a snapshot the instance does not adopt (it keeps the one it has); logs the first since the
+        instance's last adopted one, then every 100th."""
+        self.stats.snapshots_rejected += 1
+        instance_id = snapshot.instance_id
+        if self._refused.should_log(instance_id):
+            logger.warning("snapshot %d of %s %s (%d since its last adopted one): %s", snapshot.sequence_number,
+                           instance_id, verb, self._refused.count(instance_id), why)
+
     def _receive(self, payload: bytes) -> None:
         try:
             snapshot = snapshot_pb2.InstanceSnapshot.FromString(payload)
@@ -403,6 +434,3 @@ class SnapshotFeed:
     def instance_ids(self) -> list[str]:
         return list(self._tracked)
 
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

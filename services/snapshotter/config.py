@@ -18,6 +18,9 @@ from bear.common.redis_config import RedisConfig
 DEFAULT_REGION = "bear-snapshot"
 
 
+MAX_WAITING_ROWS_LIMIT = 65_536  # BEAR_SNAPSHOT_MAX_WAITING at most: estimators refuse snapshots with more rows
+
+
 @dataclass(frozen=True, slots=True)
 class PluginConfig:
     """The scheduler plugin's settings (environment of `vllm serve`)."""
@@ -29,7 +32,8 @@ class PluginConfig:
 
     def __post_init__(self) -> None:
         _require(bool(self.region), "BEAR_SNAPSHOT_REGION must not be empty")
-        _require(self.max_waiting_rows >= 0, "BEAR_SNAPSHOT_MAX_WAITING must be >= 0")
+        _require(0 <= self.max_waiting_rows <= MAX_WAITING_ROWS_LIMIT,
+                 f"BEAR_SNAPSHOT_MAX_WAITING must be in [0, {MAX_WAITING_ROWS_LIMIT}]")
         _require(self.ring_steps >= 4, "BEAR_SNAPSHOT_RING_STEPS must be >= 4")
         _require(self.max_id_bytes >= 8, "BEAR_SNAPSHOT_MAX_ID_BYTES must be >= 8")
 

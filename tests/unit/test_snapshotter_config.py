@@ -59,6 +59,7 @@ def test_bad_sidecar_settings_name_the_variable(environ: dict[str, str], names: 
 @pytest.mark.parametrize("environ, names", [
     ({"BEAR_SNAPSHOT_RING_STEPS": "2"}, "BEAR_SNAPSHOT_RING_STEPS"),
     ({"BEAR_SNAPSHOT_MAX_WAITING": "-1"}, "BEAR_SNAPSHOT_MAX_WAITING"),
+    ({"BEAR_SNAPSHOT_MAX_WAITING": "100000"}, r"BEAR_SNAPSHOT_MAX_WAITING must be in \[0, 65536\]"),
     ({"BEAR_SNAPSHOT_MAX_ID_BYTES": "many"}, "BEAR_SNAPSHOT_MAX_ID_BYTES"),
 ])
 def test_bad_plugin_settings_name_the_variable(environ: dict[str, str], names: str) -> None:

@@ -3,13 +3,15 @@ snapshot, residents' lengths resolved ahead, instances coming and going."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 from bear.core.replay import estimate, prepare
 from bear.core.state import Arrival, InvalidState, Query, ResidentRequest
 from bear.core.wire import state_from_snapshot
-from bear.estimator.estimation import Calibration, Dispatch, Estimator, Method
+from bear.estimator.estimation import MAX_CLOCK_AHEAD_S, Calibration, Dispatch, Estimator, Method, supersedes
 from tests.estimator_builders import COEFFICIENTS, decoding, queued, snapshot
 
 NOW = 1000.0
@@ -117,3 +119,31 @@ def test_instances_come_and_go() -> None:
     estimator.remove_instance("a")
     assert estimator.instance_ids() == ["b"] and not estimator.knows("a")
     assert estimator.estimate(Query("q", 1, 1), ["b"], NOW)[0].reason == "no snapshot, no LPS parameters"
+
+
+@pytest.mark.parametrize("taken_at_s, read_at_s", [
+    (math.nan, None), (math.inf, None), (-math.inf, None), (NOW + 1, math.nan),  # not numbers
+    (NOW + MAX_CLOCK_AHEAD_S + 1, None), (NOW + 365 * 86400, None), (NOW + 1, NOW + 1e9),  # ahead of the clock
+])
+def test_a_snapshot_whose_times_are_not_plausible_leaves_the_previous_one(taken_at_s: float,
+                                                                          read_at_s: float | None) -> None:
+    first = snapshot("a", NOW, [decoding("r1")])
+    estimator = estimator_with(first)
+    with pytest.raises(InvalidState, match="taken_at_s|read_at_s"):
+        estimator.update_snapshot(snapshot("a", taken_at_s, read_at_s=read_at_s, sequence_number=2), NOW)
+    assert estimator.snapshot("a") is first
+
+
+@pytest.mark.parametrize("held, offered, newer", [
+    ((NOW - 1, 10), (NOW - 0.5, 1), True),  # taken later: newer, whatever the sequence (an engine restarted)
+    ((NOW - 1, 10), (NOW - 1.5, 11), False),  # taken earlier by a clock that agrees with ours: older
+    ((NOW - 1, 10), (NOW - 1, 11), False),  # the same time: the same state
+    ((NOW + 3, 10), (NOW + 1, 11), True),  # held ahead of the clock: the engine's count decides
+    ((NOW + 3, 10), (NOW + 1, 9), False),
+    ((NOW + MAX_CLOCK_AHEAD_S + 1, 10), (NOW, 1), True),  # held too far ahead (the clock went back): anything
+    ((math.nan, 10), (NOW, 1), True),
+])
+def test_snapshots_are_ordered_by_taken_time_and_by_sequence_while_held_ahead_of_the_clock(
+        held: tuple[float, int], offered: tuple[float, int], newer: bool) -> None:
+    current = snapshot("a", held[0], sequence_number=held[1], read_at_s=NOW)
+    assert supersedes(snapshot("a", offered[0], sequence_number=offered[1]), current, NOW) is newer

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable
 
 import fakeredis
@@ -12,7 +13,8 @@ import pytest
 from bear.common import redis_keys
 from bear.core.lps import lps_ttft_s
 from bear.core.state import Query
-from bear.estimator.estimation import Estimator, Method
+from bear.estimator.admission import MAX_WAITING_ROWS
+from bear.estimator.estimation import MAX_CLOCK_AHEAD_S, Estimator, Method
 from bear.estimator.remaining import RemainingLengths
 from bear.estimator.snapshot_feed import FeedSettings, SnapshotFeed
 from tests.estimator_builders import (
@@ -20,6 +22,8 @@ from tests.estimator_builders import (
     FakeClock,
     decoding,
     dispatch_record,
+    engine,
+    queued,
     record_dispatch,
     registration,
     snapshot,
@@ -241,5 +245,133 @@ def test_resident_rows_of_several_snapshots_are_asked_together() -> None:
         await world.feed.adopt_pending()
         assert asked == [("m", [3.0, 5.0])]
         assert world.estimator.pending_decode_tokens("b") == 95
+
+    run(test)
+
+
+# What the feed skips or refuses ---------------------------------------------------------------------------------
+
+def test_values_in_redis_that_do_not_decode_are_skipped_once_logged_and_the_others_used(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def test(world: World) -> None:
+        await world.publish(snapshot("a", world.clock(), [decoding("r1")]))
+        await world.publish(snapshot("b", world.clock()))
+        await world.redis.set(redis_keys.snapshot_key("b"), b"\xff\xff\xff\xff garbage")  # b's registration is fine
+        await world.redis.set(redis_keys.instance_key("bad"), b"\xff\xff\xff\xff garbage")
+        await world.redis.zadd(redis_keys.INSTANCES, {"bad": world.clock(), b"\xff\xfe": world.clock()})
+        for _ in range(3):
+            await world.feed.resync_once()
+        await world.feed.adopt_pending()
+        assert world.feed.stats.resyncs == 3 and world.feed.stats.undecodable_values == 3 * 3
+        assert world.estimator.instance_ids() == ["a", "b"] and world.estimate("a").method is Method.REPLAY
+        assert world.estimator.snapshot("b") is None
+        skipped = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+        assert len(skipped) == 3  # once per key, not at every resync
+        assert any("bear:instances is not UTF-8" in message for message in skipped)
+
+    with caplog.at_level("WARNING", logger="bear.estimator"):
+        run(test)
+
+
+def test_a_dispatch_member_that_is_not_utf8_is_skipped() -> None:
+    async def test(world: World) -> None:
+        await world.publish(snapshot("a", world.clock()))
+        await world.publish(snapshot("b", world.clock()))
+        await world.feed.resync_once()
+        await world.feed.adopt_pending()
+        await world.redis.zadd(redis_keys.dispatches_key("a"), {b"\xff\xfe": world.clock() + 0.01})
+        await record_dispatch(world.redis, dispatch_record("d1", "b", world.clock() + 0.01))
+        await world.feed.poll_dispatches_once()
+        assert world.estimator.has_dispatch("b", "d1") and world.feed.stats.undecodable_values == 1
+
+    run(test)
+
+
+@pytest.mark.parametrize("taken_at_s, read_at_s", [(math.nan, None), (math.inf, None), (-math.inf, None),
+                                                   (0.0, math.nan), (0.0, math.inf)])
+def test_a_snapshot_whose_times_are_not_numbers_is_refused_and_the_dispatch_poll_goes_on(
+        taken_at_s: float, read_at_s: float | None) -> None:
+    async def test(world: World) -> None:
+        now = world.clock()
+        world.feed.offer(snapshot("a", now, [decoding("r1")]))
+        await world.feed.adopt_pending()
+        bad = snapshot("a", now + taken_at_s, sequence_number=2 ** 40, read_at_s=read_at_s)
+        world.feed.offer(bad)
+        await world.feed.adopt_pending()
+        assert world.feed.stats.snapshots_rejected == 1
+        assert world.estimator.snapshot("a").taken_at_s == now  # type: ignore[union-attr]
+        await record_dispatch(world.redis, dispatch_record("d1", "a", now + 0.01))
+        await world.feed.poll_dispatches_once()  # no ZRANGEBYSCORE from a bound that is not a number
+        assert world.estimator.has_dispatch("a", "d1")
+
+    run(test)
+
+
+@pytest.mark.parametrize("taken_ahead_s, read_ahead_s", [(365 * 86400.0, None), (MAX_CLOCK_AHEAD_S + 0.5, None),
+                                                          (0.01, 365 * 86400.0)])
+def test_a_snapshot_from_the_future_is_refused_and_later_ones_still_adopted(taken_ahead_s: float,
+                                                                           read_ahead_s: float | None) -> None:
+    async def test(world: World) -> None:
+        now = world.clock()
+        world.feed.offer(snapshot("a", now, [decoding("r1")]))
+        await world.feed.adopt_pending()
+        future = snapshot("a", now + taken_ahead_s, [decoding("bogus")],
+                          read_at_s=None if read_ahead_s is None else now + read_ahead_s)
+        world.feed.offer(future)
+        await world.feed.adopt_pending()
+        assert world.feed.stats.snapshots_rejected == 1
+        assert world.estimator.snapshot("a").running[0].request_id == "r1"  # type: ignore[union-attr]
+        world.clock.advance(3.0)
+        world.feed.offer(snapshot("a", world.clock(), [decoding("r2")]))
+        await world.feed.adopt_pending()
+        assert world.estimator.snapshot("a").running[0].request_id == "r2"  # type: ignore[union-attr]
+        assert world.estimate().snapshot_age_s == 0.0 and world.estimate().method is Method.REPLAY
+
+    run(test)
+
+
+def test_a_snapshot_held_ahead_of_the_clock_gives_way_to_a_greater_sequence_number_or_a_clock_gone_back() -> None:
+    async def test(world: World) -> None:
+        now = world.clock()
+        world.feed.offer(snapshot("a", now + 4.0, [decoding("skewed")], sequence_number=100))  # within the tolerance
+        await world.feed.adopt_pending()
+        world.feed.offer(snapshot("a", now + 0.1, [decoding("older")], sequence_number=99))  # taken before it
+        await world.feed.adopt_pending()
+        assert world.estimator.snapshot("a").running[0].request_id == "skewed"  # type: ignore[union-attr]
+        world.feed.offer(snapshot("a", now + 0.2, [decoding("next")], sequence_number=101))
+        await world.feed.adopt_pending()
+        assert world.estimator.snapshot("a").running[0].request_id == "next"  # type: ignore[union-attr]
+        world.feed.offer(snapshot("a", now + 4.0, [decoding("skewed")], sequence_number=102))
+        await world.feed.adopt_pending()
+        world.clock.advance(-10.0)  # the estimator's clock goes back: what it holds is now far ahead
+        world.feed.offer(snapshot("a", world.clock(), [decoding("restarted")], sequence_number=1))
+        await world.feed.adopt_pending()
+        assert world.estimator.snapshot("a").running[0].request_id == "restarted"  # type: ignore[union-attr]
+
+    run(test)
+
+
+def test_a_snapshot_with_more_rows_than_the_snapshotter_writes_is_refused_before_any_work_on_its_rows() -> None:
+    keys_asked: list[str] = []
+
+    async def test(world: World) -> None:
+        world.feed = SnapshotFeed(world.estimator, world.redis, world.remaining, SETTINGS, clock=world.clock,
+                                  request_key=lambda engine_id: keys_asked.append(engine_id) or engine_id)
+        small = engine(max_num_seqs=4)
+        running = [decoding(f"r{k}") for k in range(4)]
+        world.feed.offer(snapshot("a", world.clock(), running[:1], engine_config=small))
+        await world.feed.adopt_pending()
+        keys_asked.clear()
+        too_many_running = snapshot("a", world.clock() + 0.1, [*running, decoding("r4")], engine_config=small)
+        waiting = [queued(f"w{k}") for k in range(MAX_WAITING_ROWS + 1)]
+        too_many_rows = snapshot("a", world.clock() + 0.2, running, waiting, engine_config=small)
+        for message in (too_many_running, too_many_rows):
+            world.feed.offer(message)
+            await world.feed.adopt_pending()
+        assert world.feed.stats.snapshots_rejected == 2 and keys_asked == []
+        assert len(world.estimator.snapshot("a").running) == 1  # type: ignore[union-attr]
+        world.feed.offer(snapshot("a", world.clock() + 0.3, running, waiting[:-1], engine_config=small))  # at the cap
+        await world.feed.adopt_pending()
+        assert len(world.estimator.snapshot("a").waiting) == MAX_WAITING_ROWS  # type: ignore[union-attr]
 
     run(test)

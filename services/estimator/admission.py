@@ -1,0 +1,124 @@
+"""What the estimator's feed takes in from Redis, and what it refuses before doing any work on it.
+
+- **Snapshots** (`refusal`): one whose times are not plausible on the estimator's clock (`estimation.time_fault`: not
+  a number, or more than MAX_CLOCK_AHEAD_S ahead), or that holds more rows than the snapshotter ever writes: at most
+  `max_num_seqs` running requests (vLLM runs no more), and `max_num_seqs + MAX_WAITING_ROWS` rows in all. Adopting a
+  snapshot costs Python work per row on the event loop that answers Estimate calls (100,000 rows held it ~1.5 s),
+  so its size is checked first, before anything reads its rows.
+- **Values** (`RedisValues`): a registration or snapshot that does not decode, or a member of a sorted set that is
+  not UTF-8, is one bad value to skip (counted), not a reason to give up on the others.
+
+`LogThrottle` says when to log about a key that keeps coming back bad (the first time, then every `every`th time), so
+that a value read again at every resync does not flood the log.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol, TypeVar
+
+from google.protobuf.message import DecodeError, Message
+
+from bear.estimator.estimation import time_fault
+from bear.snapshotter.config import MAX_WAITING_ROWS_LIMIT
+from bear.v1 import snapshot_pb2
+
+# The most rows beyond the running ones any snapshotter writes: its region holds max_num_seqs + max_waiting_rows
+# (bear.snapshotter.recorder), max_waiting_rows being configurable (BEAR_SNAPSHOT_MAX_WAITING) up to this.
+MAX_WAITING_ROWS = MAX_WAITING_ROWS_LIMIT
+
+M = TypeVar("M", bound=Message)
+
+
+def refusal(snapshot: snapshot_pb2.InstanceSnapshot, now_s: float) -> str | None:
+    """Why the feed refuses `snapshot` at `now_s` (None: it takes it in). Reads only counts and times."""
+    max_num_seqs = snapshot.engine.max_num_seqs
+    num_running, num_waiting = len(snapshot.running), len(snapshot.waiting)
+    if num_running > max_num_seqs:
+        return f"{num_running} running rows, more than max_num_seqs = {max_num_seqs}"
+    if num_running + num_waiting > max_num_seqs + MAX_WAITING_ROWS:
+        return (f"{num_running} running + {num_waiting} waiting rows, more than the snapshotter writes "
+                f"(max_num_seqs + {MAX_WAITING_ROWS} = {max_num_seqs + MAX_WAITING_ROWS})")
+    return time_fault(snapshot, now_s)
+
+
+def parsed(message_type: type[M], payload: bytes) -> M | None:
+    """`payload` decoded as `message_type`, or None when it is not one (a foreign value under our key)."""
+    try:
+        return message_type.FromString(payload)
+    except (DecodeError, ValueError):
+        return None
+
+
+def text(value: bytes | str) -> str | None:
+    """A Redis member or value as text, or None when it is not UTF-8."""
+    if isinstance(value, str):
+        return value
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+class LogThrottle:
+    """Counts bad occurrences by key; `should_log` is true the first time a key is bad, then every `every`th time.
+    Keys are forgotten when `ok` is called for them, and all at once past `max_keys` (a flood of distinct keys)."""
+
+    def __init__(self, every: int = 100, max_keys: int = 4096) -> None:
+        self._every = every
+        self._max_keys = max_keys
+        self._counts: dict[str, int] = {}
+
+    def should_log(self, key: str) -> bool:
+        if key not in self._counts and len(self._counts) >= self._max_keys:
+            self._counts.clear()
+        count = self._counts.get(key, 0) + 1
+        self._counts[key] = count
+        return count == 1 or count % self._every == 0
+
+    def count(self, key: str) -> int:
+        return self._counts.get(key, 0)
+
+    def ok(self, key: str) -> None:
+        self._counts.pop(key, None)
+
+
+class SkipCounts(Protocol):
+    undecodable_values: int
+
+
+class RedisValues:
+    """Decodes what the feed reads from Redis: a value that does not decode is skipped, counted in
+    `counts.undecodable_values` and logged (the first time for its key, then every 100th)."""
+
+    def __init__(self, counts: SkipCounts, logger: logging.Logger) -> None:
+        self._counts = counts
+        self._logger = logger
+        self._throttle = LogThrottle()  # by Redis key
+
+    def message(self, message_type: type[M], payload: bytes | None, key: str) -> M | None:
+        """The message stored under `key`; None when there is none or it does not decode."""
+        if payload is None:
+            return None
+        message = parsed(message_type, payload)
+        if message is None:
+            self._skip(key, f"the value under {key} is not a {message_type.__name__}")
+        else:
+            self._throttle.ok(key)
+        return message
+
+    def texts(self, members: list[bytes], key: str) -> list[str]:
+        """The members read from the sorted set `key` as text, without those that are not UTF-8."""
+        texts = []
+        for member in members:
+            value = text(member)
+            if value is None:
+                self._skip(key, f"a member of {key} is not UTF-8 ({member[:40]!r})")
+            else:
+                texts.append(value)
+        return texts
+
+    def _skip(self, key: str, what: str) -> None:
+        self._counts.undecodable_values += 1
+        if self._throttle.should_log(key):
+            self._logger.warning("%s: skipped (%d times so far)", what, self._throttle.count(key))

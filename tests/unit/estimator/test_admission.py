@@ -1,0 +1,69 @@
+"""What the estimator's feed refuses before working on it: implausible snapshots, oversized ones, undecodable values."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import pytest
+
+from bear.estimator.admission import MAX_WAITING_ROWS, LogThrottle, RedisValues, refusal
+from bear.estimator.estimation import MAX_CLOCK_AHEAD_S
+from bear.v1 import snapshot_pb2
+from tests.estimator_builders import decoding, engine, queued, registration, snapshot
+
+NOW = 1_800_000_000.0
+SEQS = 8
+
+
+def sized(num_running: int, num_waiting: int = 0, taken_at_s: float = NOW) -> snapshot_pb2.InstanceSnapshot:
+    return snapshot("a", taken_at_s, [decoding(f"r{k}") for k in range(num_running)],
+                    [queued(f"w{k}") for k in range(num_waiting)], engine_config=engine(max_num_seqs=SEQS))
+
+
+@pytest.mark.parametrize("message, refused", [
+    (sized(SEQS, MAX_WAITING_ROWS), None),  # as many rows as the snapshotter writes
+    (sized(SEQS + 1), "9 running rows, more than max_num_seqs = 8"),
+    (sized(SEQS, MAX_WAITING_ROWS + 1), f"8 running + {MAX_WAITING_ROWS + 1} waiting rows, more than the "
+                                        f"snapshotter writes (max_num_seqs + {MAX_WAITING_ROWS} = "
+                                        f"{SEQS + MAX_WAITING_ROWS})"),
+    (sized(0, 0, NOW + MAX_CLOCK_AHEAD_S), None),
+    (sized(0, 0, NOW + MAX_CLOCK_AHEAD_S + 0.5), "taken_at_s is 5.500 s ahead of the estimator's clock (at most 5 s)"),
+    (sized(0, 0, NOW - 3600), None),  # old: the estimator's age limit deals with it
+])
+def test_refusal(message: snapshot_pb2.InstanceSnapshot, refused: str | None) -> None:
+    assert refusal(message, NOW) == refused
+
+
+@dataclass
+class Counts:
+    undecodable_values: int = 0
+
+
+def test_values_that_do_not_decode_are_skipped_counted_and_logged_once_per_key(
+        caplog: pytest.LogCaptureFixture) -> None:
+    counts = Counts()
+    values = RedisValues(counts, logging.getLogger("test"))
+    good = registration("a").SerializeToString()
+    with caplog.at_level("WARNING", logger="test"):
+        for _ in range(3):
+            assert values.texts([b"a", b"\xff\xfe", "b"], "set") == ["a", "b"]
+            assert values.message(snapshot_pb2.InstanceRegistration, b"\xff\xff garbage", "key") is None
+        assert values.message(snapshot_pb2.InstanceRegistration, good, "key") == registration("a")
+        assert values.message(snapshot_pb2.InstanceRegistration, b"\xff\xff garbage", "key") is None
+    assert values.message(snapshot_pb2.InstanceRegistration, None, "key") is None
+    assert counts.undecodable_values == 7
+    assert [r.getMessage() for r in caplog.records] == [
+        "a member of set is not UTF-8 (b'\\xff\\xfe'): skipped (1 times so far)",
+        "the value under key is not a InstanceRegistration: skipped (1 times so far)",
+        "the value under key is not a InstanceRegistration: skipped (1 times so far)",  # bad again after a good one
+    ]
+
+
+def test_a_log_throttle_says_the_first_time_then_every_nth_and_forgets_a_flood_of_keys() -> None:
+    throttle = LogThrottle(every=3, max_keys=2)
+    assert [throttle.should_log("a") for _ in range(7)] == [True, False, True, False, False, True, False]
+    throttle.ok("a")
+    assert throttle.should_log("a") and throttle.count("a") == 1
+    assert throttle.should_log("b")
+    assert throttle.should_log("c") and throttle.count("a") == 0  # past max_keys: all forgotten
