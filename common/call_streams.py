@@ -27,6 +27,7 @@ context carried in the call message.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -122,17 +123,21 @@ class CallStreamServer(Generic[Request, Response]):
         self._streams[handler] = in_flight
         write_lock = asyncio.Lock()  # gRPC takes one write at a time
         slots = asyncio.Semaphore(self._max_in_flight - 1)  # a call is read, then a slot taken for the next one
+        call_ids: set[int] = set()  # of the calls in flight: a result must name one call only
         traced = _traced()
 
-        def done(task: asyncio.Task[None]) -> None:
+        def done(call_id: int | None, task: asyncio.Task[None]) -> None:
             in_flight.discard(task)
+            call_ids.discard(call_id)  # type: ignore[arg-type]
             slots.release()
 
         try:
             async for call in calls:
-                task = asyncio.ensure_future(self._one(call, context, write_lock, traced))
+                duplicate = call.call_id in call_ids
+                call_ids.add(call.call_id)
+                task = asyncio.ensure_future(self._one(call, context, write_lock, traced, duplicate))
                 in_flight.add(task)
-                task.add_done_callback(done)
+                task.add_done_callback(functools.partial(done, None if duplicate else call.call_id))
                 await slots.acquire()  # free unless max_in_flight calls are unanswered
         except asyncio.CancelledError:
             if handler not in self._closing:
@@ -152,10 +157,13 @@ class CallStreamServer(Generic[Request, Response]):
             handler.cancel()
 
     async def _one(self, call: _CallMessage, context: grpc.aio.ServicerContext, write_lock: asyncio.Lock,
-                   traced: bool) -> None:
+                   traced: bool, duplicate: bool) -> None:
         result = self._result_type(call_id=call.call_id)
         with self._span(call, traced) as span:
             try:
+                if duplicate:
+                    raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT, f"call_id {call.call_id} is already in flight "
+                                                                       "on this stream: each call needs its own")
                 result.response.CopyFrom(await self._answer(call.request))
             except CallFailed as error:
                 result.error.code, result.error.message = error.code.name, error.message

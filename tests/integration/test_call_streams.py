@@ -287,6 +287,26 @@ def test_a_call_ended_by_its_deadline_or_its_caller_leaves_the_others_on_the_str
     run(scenario)
 
 
+def test_a_call_id_already_in_flight_on_the_stream_is_refused_and_free_again_once_answered() -> None:
+    async def scenario() -> None:
+        server = await Server(Servicer()).start()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            call = channel.stream_stream(METHOD, request_serializer=estimator_pb2.EstimateCall.SerializeToString,
+                                         response_deserializer=estimator_pb2.EstimateResult.FromString)()
+            for query_id in ("sleep:0.2", "again"):
+                await call.write(estimator_pb2.EstimateCall(call_id=7, request=_request(query_id)))
+            refused, answered = await call.read(), await call.read()
+            assert refused.call_id == 7 and refused.error.code == "INVALID_ARGUMENT"
+            assert "call_id 7 is already in flight" in refused.error.message
+            assert answered.call_id == 7 and answered.response.estimates[0].instance_id == "sleep:0.2"
+            await call.write(estimator_pb2.EstimateCall(call_id=7, request=_request("later")))
+            assert (await call.read()).response.estimates[0].instance_id == "later"
+            await call.done_writing()
+        await server.kill()
+
+    run(scenario)
+
+
 def test_shutdown_answers_the_calls_in_flight_and_ends_the_streams_without_waiting_for_the_grace() -> None:
     async def scenario() -> None:
         async with connected(grace_s=5.0) as (server, stream):
