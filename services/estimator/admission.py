@@ -2,9 +2,10 @@
 
 - **Snapshots** (`refusal`): one whose times are not plausible on the estimator's clock (`estimation.time_fault`: not
   a number, or more than MAX_CLOCK_AHEAD_S ahead), or that holds more rows than the snapshotter ever writes: at most
-  `max_num_seqs` running requests (vLLM runs no more), and `max_num_seqs + MAX_WAITING_ROWS` rows in all. Adopting a
-  snapshot costs Python work per row on the event loop that answers Estimate calls (100,000 rows held it ~1.5 s),
-  so its size is checked first, before anything reads its rows.
+  `max_num_seqs` running requests (vLLM runs no more; `max_num_seqs` itself at most MAX_NUM_SEQS), and
+  `max_num_seqs + MAX_WAITING_ROWS` rows in all. Adopting a snapshot costs Python work per row on the event loop
+  that answers Estimate calls (100,000 rows held it ~1.5 s), so its size is checked first, before anything reads its
+  rows.
 - **Values** (`RedisValues`): a registration or snapshot that does not decode, or a member of a sorted set that is
   not UTF-8, is one bad value to skip (counted), not a reason to give up on the others.
 
@@ -26,6 +27,7 @@ from bear.v1 import snapshot_pb2
 # The most rows beyond the running ones any snapshotter writes: its region holds max_num_seqs + max_waiting_rows
 # (bear.snapshotter.recorder), max_waiting_rows being configurable (BEAR_SNAPSHOT_MAX_WAITING) up to this.
 MAX_WAITING_ROWS = MAX_WAITING_ROWS_LIMIT
+MAX_NUM_SEQS = 65_536  # no engine runs more sequences at once (vLLM's defaults: 256 to 1,024): a larger one is a lie
 
 M = TypeVar("M", bound=Message)
 
@@ -34,6 +36,8 @@ def refusal(snapshot: snapshot_pb2.InstanceSnapshot, now_s: float) -> str | None
     """Why the feed refuses `snapshot` at `now_s` (None: it takes it in). Reads only counts and times."""
     max_num_seqs = snapshot.engine.max_num_seqs
     num_running, num_waiting = len(snapshot.running), len(snapshot.waiting)
+    if max_num_seqs > MAX_NUM_SEQS:
+        return f"max_num_seqs = {max_num_seqs}, more than any engine runs (at most {MAX_NUM_SEQS} taken)"
     if num_running > max_num_seqs:
         return f"{num_running} running rows, more than max_num_seqs = {max_num_seqs}"
     if num_running + num_waiting > max_num_seqs + MAX_WAITING_ROWS:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from bear.estimator.admission import MAX_WAITING_ROWS, LogThrottle, RedisValues, refusal
+from bear.estimator.admission import MAX_NUM_SEQS, MAX_WAITING_ROWS, LogThrottle, RedisValues, refusal
 from bear.estimator.estimation import MAX_CLOCK_AHEAD_S
 from bear.v1 import snapshot_pb2
 from tests.estimator_builders import decoding, engine, queued, registration, snapshot
@@ -27,6 +27,8 @@ def sized(num_running: int, num_waiting: int = 0, taken_at_s: float = NOW) -> sn
     (sized(SEQS, MAX_WAITING_ROWS + 1), f"8 running + {MAX_WAITING_ROWS + 1} waiting rows, more than the "
                                         f"snapshotter writes (max_num_seqs + {MAX_WAITING_ROWS} = "
                                         f"{SEQS + MAX_WAITING_ROWS})"),
+    (snapshot("a", NOW, engine_config=engine(max_num_seqs=MAX_NUM_SEQS + 1)),
+     f"max_num_seqs = {MAX_NUM_SEQS + 1}, more than any engine runs (at most {MAX_NUM_SEQS} taken)"),
     (sized(0, 0, NOW + MAX_CLOCK_AHEAD_S), None),
     (sized(0, 0, NOW + MAX_CLOCK_AHEAD_S + 0.5), "taken_at_s is 5.500 s ahead of the estimator's clock (at most 5 s)"),
     (sized(0, 0, NOW - 3600), None),  # old: the estimator's age limit deals with it
