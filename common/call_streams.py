@@ -245,6 +245,9 @@ class CallStream(Generic[Request, Response]):
         if stream is not None:
             stream.call.cancel()
             if stream.reader is not None:
+                # Its read may wait on gRPC for good when the loop was interrupted half-way through a callback (a
+                # signal raised there): cancelled, it ends now, whatever gRPC does.
+                stream.reader.cancel()
                 await asyncio.gather(stream.reader, return_exceptions=True)
 
     async def _exchange(self, message: _CallMessage, timeout_s: float) -> Response:

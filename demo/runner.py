@@ -21,10 +21,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from bear.common import redis_keys
 from bear.common.redis_config import RedisConfig, connect
@@ -42,6 +42,7 @@ ARRIVAL_SHARE = 0.75  # of each turn: queries arrive during this share, the rest
 READY_TIMEOUT_S = 60.0
 CALIBRATION_TIMEOUT_S = 20.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # end the run as Ctrl-C does: the services and the pool stop first
+T = TypeVar("T")
 
 
 class DemoInterrupted(BaseException):
@@ -94,11 +95,16 @@ def run_demo(config: DemoConfig, out: TextIO = sys.stdout, status: TextIO = sys.
             build_policy(name)
         except UnknownPolicy as error:
             raise ValueError(f"policies: {error}") from None
-    with _ended_by_signals():
-        return _run(config, out, status)
+    # The event loop is made before a signal can interrupt anything: one interrupted while asyncio builds it leaves a
+    # half-made loop behind (a traceback at exit).
+    with asyncio.Runner() as runner:
+        runner.get_loop()
+        with _ended_by_signals() as stops:
+            return _run(config, runner, stops, out, status)
 
 
-def _run(config: DemoConfig, out: TextIO, status: TextIO) -> dict[str, Any]:
+def _run(config: DemoConfig, runner: asyncio.Runner, stops: _StopSignals | None, out: TextIO,
+         status: TextIO) -> dict[str, Any]:
     folder = config.run_folder or Path(tempfile.mkdtemp(prefix="bear-demo-"))
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -110,30 +116,62 @@ def _run(config: DemoConfig, out: TextIO, status: TextIO) -> dict[str, Any]:
     artifact = predictor_artifact(config.seed)
     prompts = demo_prompts(config.seed, config.num_prompts)
     with _redis(config, folder) as redis_url, _stack(config, artifact, folder, redis_url, say) as (router, pool, sink):
-        results = asyncio.run(_drive(config, router.address, prompts, pool, sink, redis_url, say))
+        drive = _drive(config, router.address, prompts, pool, sink, redis_url, say)
+        results = runner.run(stops.guard(drive) if stops is not None else drive)
     report = {"policies": results, "rate_qps": config.rate_qps, "turn_s": config.turn_s, "seed": config.seed}
     _print_results(report, config, out)
     return report
 
 
-@contextlib.contextmanager
-def _ended_by_signals() -> Iterator[None]:
-    """While the demo runs, STOP_SIGNALS raise DemoInterrupted (once: a second signal does not cut the clean-up
-    short). Only the main thread can install signal handlers; elsewhere, nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    raised = False
+class _StopSignals:
+    """STOP_SIGNALS end the run, once (a second does not cut the clean-up short). In the synchronous parts the
+    handler raises DemoInterrupted where the main thread is. While the event loop runs (`guard`), the loop takes them
+    instead: the run's task is cancelled and DemoInterrupted raised once it has ended, so that no exception lands
+    half-way through a C extension's work (raised inside gRPC's channel set-up, it crashed the process)."""
 
-    def interrupt(signum: int, frame: object) -> None:
-        nonlocal raised
-        if not raised:
-            raised = True
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def interrupt(self, signum: int, frame: object) -> None:
+        if self.signum is None:
+            self.signum = signum
             raise DemoInterrupted(signum)
 
-    previous = {sig: signal.signal(sig, interrupt) for sig in STOP_SIGNALS}
+    async def guard(self, main: Coroutine[Any, Any, T]) -> T:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+
+        def on_signal(signum: int) -> None:
+            if self.signum is None:
+                self.signum = signum
+                task.cancel()
+
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, on_signal, sig)
+        try:
+            return await main
+        except asyncio.CancelledError:
+            if self.signum is None:
+                raise
+            raise DemoInterrupted(self.signum) from None
+        finally:
+            for sig in STOP_SIGNALS:
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, self.interrupt)
+
+
+@contextlib.contextmanager
+def _ended_by_signals() -> Iterator[_StopSignals | None]:
+    """While the demo runs, STOP_SIGNALS end it (`_StopSignals`). Only the main thread can install signal handlers;
+    elsewhere, nothing changes (None)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield None
+        return
+    stops = _StopSignals()
+    previous = {sig: signal.signal(sig, stops.interrupt) for sig in STOP_SIGNALS}
     try:
-        yield
+        yield stops
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -113,8 +113,11 @@ class WorkloadClient:
         self._reports: set[asyncio.Task[None]] = set()
 
     def event_from_pool(self, event: RequestEvent) -> None:
-        """Any thread."""
-        self._loop.call_soon_threadsafe(self._on_event, event)
+        """Any thread. Once the run's loop is closed (the run was interrupted), events are dropped."""
+        try:
+            self._loop.call_soon_threadsafe(self._on_event, event)
+        except RuntimeError:  # the event loop is closed
+            pass
 
     def _on_event(self, event: RequestEvent) -> None:
         pending = self._pending.get(event.request_id)
