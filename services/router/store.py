@@ -7,8 +7,10 @@
     queue_lengths     queue lengths from the latest snapshots (the fallback when the estimator is down)
     registrations     every registered instance (bear:instances, then bear:instance:<id>)
 
-Every operation has a deadline. After a failure the store stops calling Redis for `retry_after_s` (each call in that
-time fails at once), so that a Redis that hangs costs one deadline, not one per query; callers count the failures.
+Every operation has a deadline (until one has succeeded, at least FIRST_CALL_TIMEOUT_S: the first also opens the
+connection, and the first Route calls wait for the registrations it reads). After a failure the store stops calling
+Redis for `retry_after_s` (each call in that time fails at once), so that a Redis that hangs costs one deadline, not
+one per query; callers count the failures.
 A value that does not decode (another program's, or a broken writer's, under one of BEAR's keys) is skipped as if
 absent, with a warning at most once a minute per key: it never fails a read of the others.
 """
@@ -34,6 +36,7 @@ T = TypeVar("T")
 TRIM_INTERVAL_S = 1.0
 UNDECODABLE_WARNING_S = 60.0  # a key whose value does not decode is warned about at most this often
 MAX_WARNED_KEYS = 1024
+FIRST_CALL_TIMEOUT_S = 0.5
 
 logger = logging.getLogger("bear.router")
 
@@ -46,6 +49,7 @@ class RedisStore:
         self._retry_after_s = retry_after_s
         self._clock = clock
         self._down_until = 0.0  # monotonic time before which Redis is not called
+        self._succeeded = False  # a call has succeeded (the connection is open)
         self._trimmed_at: dict[str, float] = {}
         self._warned_at: dict[str, float] = {}  # key → when its undecodable value was last warned about
 
@@ -120,13 +124,16 @@ class RedisStore:
         if time.monotonic() < self._down_until:
             raise DependencyUnavailable("redis", "SKIPPED", f"{operation}: Redis failed less than "
                                                             f"{self._retry_after_s:g} s ago")
+        timeout_s = self._timeout_s if self._succeeded else max(self._timeout_s, FIRST_CALL_TIMEOUT_S)
         try:
-            async with asyncio.timeout(self._timeout_s):  # in this task: nothing is left running after a deadline
-                return await call()
+            async with asyncio.timeout(timeout_s):  # in this task: nothing is left running after a deadline
+                result = await call()
         except TimeoutError:
             self._down_until = time.monotonic() + self._retry_after_s
             raise DependencyUnavailable("redis", "DEADLINE_EXCEEDED", f"{operation} after "
-                                                                      f"{self._timeout_s * 1000:g} ms") from None
+                                                                      f"{timeout_s * 1000:g} ms") from None
         except Exception as error:  # noqa: BLE001 - redis.RedisError, OSError: Redis is unavailable
             self._down_until = time.monotonic() + self._retry_after_s
             raise DependencyUnavailable("redis", type(error).__name__, f"{operation}: {error}") from None
+        self._succeeded = True
+        return result

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Iterator
 
@@ -93,7 +94,8 @@ def test_only_the_latest_pending_snapshot_is_sent(client: fakeredis.FakeRedis, p
 
 def test_redis_down_means_retries_with_back_off_and_offers_never_block(client: fakeredis.FakeRedis,
                                                                         server: fakeredis.FakeServer) -> None:
-    backoff = Backoff(base_s=0.05, cap_s=0.2)
+    # Seeded: full jitter may draw three waits under 50 ms in all (about 2% of draws); these are 42, 76, 84 ms.
+    backoff = Backoff(base_s=0.05, cap_s=0.2, rng=random.Random(0))
     publisher = RedisPublisher(client, "pod-1", ttl_s=5.0, heartbeat_s=10.0, backoff=backoff)
     publisher.start()
     try:
