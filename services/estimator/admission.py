@@ -9,8 +9,8 @@
 - **Values** (`RedisValues`): a registration or snapshot that does not decode, or a member of a sorted set that is
   not UTF-8, is one bad value to skip (counted), not a reason to give up on the others.
 
-`LogThrottle` says when to log about a key that keeps coming back bad (the first time, then every `every`th time), so
-that a value read again at every resync does not flood the log.
+A value read again at every resync is logged the first time and every 100th (`bear.common.log_throttle`), so that
+it does not flood the log.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Protocol, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
+from bear.common.log_throttle import LogThrottle
 from bear.estimator.estimation import time_fault
 from bear.snapshotter.config import MAX_WAITING_ROWS_LIMIT
 from bear.v1 import snapshot_pb2
@@ -62,29 +63,6 @@ def text(value: bytes | str) -> str | None:
         return value.decode()
     except UnicodeDecodeError:
         return None
-
-
-class LogThrottle:
-    """Counts bad occurrences by key; `should_log` is true the first time a key is bad, then every `every`th time.
-    Keys are forgotten when `ok` is called for them, and all at once past `max_keys` (a flood of distinct keys)."""
-
-    def __init__(self, every: int = 100, max_keys: int = 4096) -> None:
-        self._every = every
-        self._max_keys = max_keys
-        self._counts: dict[str, int] = {}
-
-    def should_log(self, key: str) -> bool:
-        if key not in self._counts and len(self._counts) >= self._max_keys:
-            self._counts.clear()
-        count = self._counts.get(key, 0) + 1
-        self._counts[key] = count
-        return count == 1 or count % self._every == 0
-
-    def count(self, key: str) -> int:
-        return self._counts.get(key, 0)
-
-    def ok(self, key: str) -> None:
-        self._counts.pop(key, None)
 
 
 class SkipCounts(Protocol):

@@ -24,7 +24,7 @@ Four loops share the loop with the Estimate calls, which only ever read the esti
 Every Redis call has a deadline (`redis_deadline_s`); a failing Redis is retried with back-off while the estimator
 keeps answering from what it holds (snapshots then age into the LPS fallback). A value in Redis that does not decode
 (a registration, a snapshot, a member that is not UTF-8) is skipped and counted, the others used; it is logged the
-first time and every 100th time after (`admission.LogThrottle`).
+first time and every 100th time after (`bear.common.log_throttle`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ from redis.exceptions import RedisError
 from bear.common import redis_keys
 from bear.common.redis_config import honour_cancellation
 from bear.core.state import InvalidState
-from bear.estimator.admission import LogThrottle, RedisValues, refusal
+from bear.common.log_throttle import LogThrottle
+from bear.estimator.admission import RedisValues, refusal
 from bear.estimator.estimation import Calibration, Dispatch, Estimator, supersedes
 from bear.estimator.lps_tracker import LpsTracker
 from bear.estimator.remaining import RemainingLengths, Rows

@@ -12,7 +12,8 @@ connection, and the first Route calls wait for the registrations it reads). Afte
 Redis for `retry_after_s` (each call in that time fails at once), so that a Redis that hangs costs one deadline, not
 one per query; callers count the failures.
 A value that does not decode (another program's, or a broken writer's, under one of BEAR's keys) is skipped as if
-absent, with a warning at most once a minute per key: it never fails a read of the others.
+absent, with a warning the first time and every 100th per key (`bear.common.log_throttle`): it never fails a read of
+the others.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from bear.common import redis_keys
+from bear.common.log_throttle import LogThrottle
 from bear.router import wire
 from bear.router.decision import DispatchRecord
 from bear.router.pool import Registration
@@ -34,8 +36,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 TRIM_INTERVAL_S = 1.0
-UNDECODABLE_WARNING_S = 60.0  # a key whose value does not decode is warned about at most this often
-MAX_WARNED_KEYS = 1024
 FIRST_CALL_TIMEOUT_S = 0.5
 
 logger = logging.getLogger("bear.router")
@@ -51,7 +51,7 @@ class RedisStore:
         self._down_until = 0.0  # monotonic time before which Redis is not called
         self._succeeded = False  # a call has succeeded (the connection is open)
         self._trimmed_at: dict[str, float] = {}
-        self._warned_at: dict[str, float] = {}  # key → when its undecodable value was last warned about
+        self._undecodable = LogThrottle()  # by Redis key
 
     async def record_dispatches(self, records: Sequence[DispatchRecord]) -> None:
         ttl_s = redis_keys.DISPATCH_TTL_S
@@ -111,13 +111,9 @@ class RedisStore:
         try:
             return decode(payload)
         except Exception as error:  # noqa: BLE001 - DecodeError, UnicodeDecodeError: not a value BEAR wrote
-            now_s = time.monotonic()
-            if now_s - self._warned_at.get(key, -UNDECODABLE_WARNING_S) >= UNDECODABLE_WARNING_S:
-                if len(self._warned_at) >= MAX_WARNED_KEYS:
-                    self._warned_at.clear()
-                self._warned_at[key] = now_s
-                logger.warning("Redis key %s holds a value that does not decode (%s: %s): skipped", key,
-                               type(error).__name__, error)
+            if self._undecodable.should_log(key):
+                logger.warning("Redis key %s holds a value that does not decode (%s: %s): skipped (%d times so far)",
+                               key, type(error).__name__, error, self._undecodable.count(key))
             return None
 
     async def _call(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from bear.estimator.admission import MAX_NUM_SEQS, MAX_WAITING_ROWS, LogThrottle, RedisValues, refusal
+from bear.estimator.admission import MAX_NUM_SEQS, MAX_WAITING_ROWS, RedisValues, refusal
 from bear.estimator.estimation import MAX_CLOCK_AHEAD_S
 from bear.v1 import snapshot_pb2
 from tests.estimator_builders import decoding, engine, queued, registration, snapshot
@@ -60,12 +60,3 @@ def test_values_that_do_not_decode_are_skipped_counted_and_logged_once_per_key(
         "the value under key is not a InstanceRegistration: skipped (1 times so far)",
         "the value under key is not a InstanceRegistration: skipped (1 times so far)",  # bad again after a good one
     ]
-
-
-def test_a_log_throttle_says_the_first_time_then_every_nth_and_forgets_a_flood_of_keys() -> None:
-    throttle = LogThrottle(every=3, max_keys=2)
-    assert [throttle.should_log("a") for _ in range(7)] == [True, False, True, False, False, True, False]
-    throttle.ok("a")
-    assert throttle.should_log("a") and throttle.count("a") == 1
-    assert throttle.should_log("b")
-    assert throttle.should_log("c") and throttle.count("a") == 0  # past max_keys: all forgotten
