@@ -199,7 +199,8 @@ def _header() -> str:
 def _row(rate: float, r: Result) -> str:
     return (f"{rate:>7.0f} {len(r.client_ms):>6} | {_percentile(r.client_ms, 50):>8.2f}ms "
             f"{_percentile(r.client_ms, 99):>5.2f}ms {max(r.client_ms, default=float('nan')):>5.1f}ms | "
-            f"{_percentile(r.router_ms, 50):>8.2f}ms {_percentile(r.router_ms, 99):>5.2f}ms {r.router_cpu_ms:>6.2f}ms {r.neighbours_cpu_ms:>8.2f}ms | "
+            f"{_percentile(r.router_ms, 50):>8.2f}ms {_percentile(r.router_ms, 99):>5.2f}ms "
+            f"{r.router_cpu_ms:>6.2f}ms {r.neighbours_cpu_ms:>8.2f}ms | "
             f"{r.degraded:>8} {r.errors:>6}" + (f"  (generator {r.late_s * 1000:.0f} ms late)" if r.late_s > 0.05
                                                   else ""))
 

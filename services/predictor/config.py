@@ -54,8 +54,8 @@ class PredictorServiceConfig:
                  "BEAR_PREDICTOR_METRICS_PORT must be a port number or off")
         _require(self.workers >= 1, "BEAR_PREDICTOR_WORKERS must be >= 1")
         _require(1 <= self.max_prompt_chars <= MAX_PROMPT_CHARS_LIMIT,
-                 f"BEAR_PREDICTOR_MAX_PROMPT_CHARS must be in [1, {MAX_PROMPT_CHARS_LIMIT}] (gRPC's messages stay under "
-                 "2 GiB)")
+                 f"BEAR_PREDICTOR_MAX_PROMPT_CHARS must be in [1, {MAX_PROMPT_CHARS_LIMIT}] "
+                 "(gRPC's messages stay under 2 GiB)")
         _require(self.max_remaining_queries >= 1, "BEAR_PREDICTOR_MAX_REMAINING_QUERIES must be >= 1")
         _require(self.shutdown_grace_s >= 0, "BEAR_SHUTDOWN_GRACE_S must be >= 0")
 

@@ -11,8 +11,8 @@
 `AsyncRouterClient` has the same methods as coroutines; it routes over one long-lived stream of Route calls
 (`RouteStream`, opened on the first call: a call on it costs about half a unary call's time), or unary Route calls
 with `streamed=False`, where the router has no stream twin, and for a request over STREAMED_REQUEST_BYTES (a message
-over the router's size limit ends the stream it goes on, with every call on it: alone, only its own call fails). Replies are the bear.v1 messages (`RouteDecision`,
-`OutcomeAck`). Every call has a deadline (`timeout_s`, per client and per call). Arguments that cannot make a request
+over the router's size limit ends the stream it goes on, with every call on it: alone, only its own call fails).
+Replies are the bear.v1 messages (`RouteDecision`, `OutcomeAck`). Every call has a deadline (`timeout_s`, per client and per call). Arguments that cannot make a request
 (both or neither of prompt and prompt_tokens, a negative count, a string as allowed_models, a deadline <= 0) raise
 ValueError before any call. Errors:
 

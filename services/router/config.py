@@ -142,7 +142,8 @@ class RouterConfig:
         _require(math.isfinite(self.lambda_per_micro_usd) and 0 <= self.lambda_per_micro_usd <= MAX_WEIGHT,
                  f"BEAR_LAMBDA_PER_MICRO_USD must be in [0, {MAX_WEIGHT:g}], got {self.lambda_per_micro_usd!r}")
         _require(0 < self.max_prompt_bytes <= MAX_PROMPT_BYTES_LIMIT,
-                 f"BEAR_ROUTER_MAX_PROMPT_BYTES must be in [1, {MAX_PROMPT_BYTES_LIMIT}] (gRPC's messages stay under 2 GiB)")
+                 f"BEAR_ROUTER_MAX_PROMPT_BYTES must be in [1, {MAX_PROMPT_BYTES_LIMIT}] "
+                 "(gRPC's messages stay under 2 GiB)")
         _require(self.max_prompt_tokens > 0, "BEAR_ROUTER_MAX_PROMPT_TOKENS must be > 0")
         _require(self.tokenizer in TOKENIZERS,
                  f"BEAR_ROUTER_TOKENIZER must be one of {', '.join(TOKENIZERS)}, got {self.tokenizer!r}")
