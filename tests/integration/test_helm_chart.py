@@ -66,6 +66,17 @@ GOOD_CASES: dict[str, tuple[list[str], dict[str, Any]]] = {
     "model-path-ending-in-a-slash": ([], {"pools": [_pool(model="/cache/models/llama-3/")]}),
     "rediss-url-without-tls-enabled": ([], {"redis": {"enabled": False, "url": "rediss://redis.cache:6380/0",
                                                       "tls": {"enabled": False, "existingSecret": "redis-ca"}}}),
+    "client-certificate-with-the-systems-cas": ([], {"redis": {"enabled": False, "url": "rediss://r.cache:6380/0",
+                                                               "tls": {"enabled": True, "existingSecret": "client",
+                                                                       "caKey": "", "certKey": "tls.crt",
+                                                                       "keyKey": "tls.key"}}}),
+    "artifact-in-a-configmap": ([], {"predictor": {"artifact": {"source": "configMap"}}}),
+    "names-of-secrets-and-claims-that-look-like-scalars": ([], {
+        "redis": {"existingSecret": "on", "existingSecretPasswordKey": "007",
+                  "persistence": {"enabled": True, "storageClassName": "1.10"}},
+        "predictor": {"artifact": {"source": "persistentVolumeClaim",
+                                   "persistentVolumeClaim": {"claimName": "007", "subPath": "1.10"}}}}),
+    "scrape-annotations-overridden": ([], {"vllm": {"podAnnotations": {"prometheus.io/port": "8000"}}}),
 }
 # name → (release, namespace) where a case needs its own (others use RELEASE and NAMESPACE)
 RELEASE_AND_NAMESPACE = {"names-that-look-like-scalars": ("123", "2024"),
@@ -89,6 +100,7 @@ SCHEMA_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
     "artifact-source": ({"predictor": {"artifact": {"source": "s3"}}}, "source"),
     "pvc-artifact-without-claim": ({"predictor": {"artifact": {"source": "persistentVolumeClaim"}}}, "claimName"),
     "otel-protocol": ({"otel": {"protocol": "http/json"}}, "protocol"),
+    "otel-endpoint-without-a-scheme": ({"otel": {"endpoint": "otel-collector.observability:4317"}}, "endpoint"),
     "number-as-image-tag": ({"image": {"tag": 20240101}}, "'/image/tag': got number, want string"),
     "number-as-pool-image-tag": ({"pools": [_pool(image={"tag": 1.10})]}, "'/pools/0/image/tag': got number"),
     "fullname-override-over-63-characters": ({"fullnameOverride": "a" * 64}, "fullnameOverride"),
@@ -451,8 +463,11 @@ def test_router_estimator_and_predictor_are_wired_to_each_other(reports: dict[st
         redis_url = f"redis://{services['redis']['metadata']['name']}:6379/0"
         assert settings.get("BEAR_REDIS_URL") == (redis_url if name != "predictor" else None)  # it needs no Redis
         assert settings["OTEL_SERVICE_NAME"] == f"bear-{name}"
-    predictor = env(container(component(report, "Deployment", "predictor"), "predictor"))
-    assert predictor["BEAR_PREDICTOR_MODEL_DIR"] == "/var/lib/bear/predictor"
+    predictor = container(component(report, "Deployment", "predictor"), "predictor")
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert predictor["image"] == f"ghcr.io/bear-router/bear-predictor:{app_version}"  # the BEAR image's + -predictor
+    assert env(predictor)["BEAR_PREDICTOR_MODEL_DIR"] == "/opt/bear/predictor"
+    assert "docker build -f docker/predictor.Dockerfile" in report["manifests"]["bear/templates/NOTES.txt"]
     assert component(report, "StatefulSet", "redis")["spec"]["serviceName"] == services["redis"]["metadata"]["name"]
 
 
@@ -465,8 +480,8 @@ def test_every_container_has_probes_and_bear_answers_grpc_health(reports: dict[s
                 grpc_port = next(p["containerPort"] for p in c["ports"] if p["name"] == "grpc")
                 for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
                     assert c[probe]["grpc"] == {"port": grpc_port}
-            elif c["name"] == "snapshotter":
-                assert c["readinessProbe"]["grpc"] == {"port": 50071}
+            elif c["name"] == "snapshotter":  # ready while its engine's snapshots flow: the service's health
+                assert c["readinessProbe"]["grpc"] == {"port": 50071, "service": "bear.v1.Snapshotter"}
             elif c["name"] == "vllm":
                 assert c["startupProbe"]["httpGet"] == c["readinessProbe"]["httpGet"] == {"path": "/health",
                                                                                           "port": "http"}
@@ -634,3 +649,43 @@ def test_the_services_are_started_with_arguments_the_cli_accepts(reports: dict[s
         for c in workload["spec"]["template"]["spec"]["containers"]:
             if c["name"] != "vllm":
                 parser.parse_args(c["args"])
+
+
+def test_an_artifact_in_a_configmap_is_mounted_where_the_predictor_reads_it(reports: dict[str, Any]) -> None:
+    predictor = component(reports["artifact-in-a-configmap"], "Deployment", "predictor")
+    main = container(predictor, "predictor")
+    assert main["image"].startswith("ghcr.io/bear-router/bear:")  # the services image: the artifact is mounted
+    assert env(main)["BEAR_PREDICTOR_MODEL_DIR"] == "/var/lib/bear/predictor"
+    (volume,) = [v for v in predictor["spec"]["template"]["spec"]["volumes"] if v["name"] == "predictor-artifact"]
+    assert volume["configMap"]["name"] == f"{RELEASE}-bear-predictor-artifact"
+
+
+def test_names_that_look_like_numbers_or_booleans_stay_strings(reports: dict[str, Any]) -> None:
+    report = reports["names-of-secrets-and-claims-that-look-like-scalars"]
+    router = env(container(component(report, "Deployment", "router"), "router"))
+    assert router["BEAR_REDIS_PASSWORD"] == {"secretKeyRef": {"name": "on", "key": "007"}}
+    predictor = component(report, "Deployment", "predictor")
+    (volume,) = [v for v in predictor["spec"]["template"]["spec"]["volumes"] if v["name"] == "predictor-artifact"]
+    assert volume["persistentVolumeClaim"]["claimName"] == "007"
+    (mount,) = [m for m in container(predictor, "predictor")["volumeMounts"] if m["name"] == "predictor-artifact"]
+    assert mount["subPath"] == "1.10"
+    redis = component(report, "StatefulSet", "redis")
+    assert redis["spec"]["volumeClaimTemplates"][0]["spec"]["storageClassName"] == "1.10"
+
+
+def test_a_pods_own_annotations_win_over_the_scrape_hints(reports: dict[str, Any]) -> None:
+    for pod in engines(reports["scrape-annotations-overridden"]).values():
+        annotations = pod["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["prometheus.io/port"] == "8000" and annotations["prometheus.io/scrape"] == "true"
+
+
+def test_a_client_certificate_can_go_with_the_systems_cas(reports: dict[str, Any]) -> None:
+    router = env(container(component(reports["client-certificate-with-the-systems-cas"], "Deployment", "router"),
+                           "router"))
+    assert "BEAR_REDIS_TLS_CA_FILE" not in router
+    assert router["BEAR_REDIS_TLS_CERT_FILE"] == "/etc/bear/redis-tls/tls.crt"
+
+
+def test_the_snapshotter_gets_no_tracing_settings_it_would_not_read(reports: dict[str, Any]) -> None:
+    for pod in engines(reports["paper+production"]).values():
+        assert not [name for name in env(container(pod, "snapshotter")) if name.startswith("OTEL_")]

@@ -91,3 +91,20 @@ def test_the_build_context_keeps_every_packaged_folder(dockerfile: str) -> None:
     for path in needed:
         assert not any(fnmatch.fnmatch(path, pattern) or path.startswith(pattern + "/") for pattern in patterns), path
     assert ".venv" in patterns and "build" in patterns
+
+
+def test_the_predictor_image_puts_the_artifact_where_the_chart_reads_it() -> None:
+    import yaml
+
+    values = yaml.safe_load((ROOT / "helm" / "bear" / "values.yaml").read_text())
+    chart = yaml.safe_load((ROOT / "helm" / "bear" / "Chart.yaml").read_text())
+    steps = instructions(ROOT / "docker" / "predictor.Dockerfile")
+    (stage,) = stages(steps)
+    assert stage[0] == ("FROM", "${BEAR_IMAGE}")
+    assert args(steps)["BEAR_IMAGE"] == f"{values['image']['repository']}:{chart['appVersion']}"
+    assert values["predictor"]["artifact"]["source"] == "image"  # the chart's default
+    path = values["predictor"]["artifact"]["image"]["path"]
+    copy = final(stage, "COPY").split()
+    services_user = final(stages(instructions(ROOT / "docker" / "bear.Dockerfile"))[-1], "USER")
+    assert copy == [f"--chown={services_user}", ".", f"{path}/"]
+    assert final(stage, "ENV") == f"BEAR_PREDICTOR_MODEL_DIR={path}"

@@ -50,7 +50,7 @@
   mountPath: /var/lib/bear/predictor
   readOnly: true
   {{- if and (eq $artifact.source "persistentVolumeClaim") $artifact.persistentVolumeClaim.subPath }}
-  subPath: {{ $artifact.persistentVolumeClaim.subPath }}
+  subPath: {{ $artifact.persistentVolumeClaim.subPath | quote }}
   {{- end }}
 {{- end -}}
 {{- end -}}
@@ -70,11 +70,11 @@
 {{- if eq $artifact.source "configMap" -}}
 - name: predictor-artifact
   configMap:
-    name: {{ default (include "bear.componentName" (dict "root" . "component" "predictor-artifact")) $artifact.configMap.name }}
+    name: {{ default (include "bear.componentName" (dict "root" . "component" "predictor-artifact")) $artifact.configMap.name | quote }}
 {{- else if eq $artifact.source "persistentVolumeClaim" -}}
 - name: predictor-artifact
   persistentVolumeClaim:
-    claimName: {{ required "predictor.artifact.persistentVolumeClaim.claimName is required with source persistentVolumeClaim" $artifact.persistentVolumeClaim.claimName }}
+    claimName: {{ required "predictor.artifact.persistentVolumeClaim.claimName is required with source persistentVolumeClaim" $artifact.persistentVolumeClaim.claimName | quote }}
     readOnly: true
 {{- end -}}
 {{- end -}}

@@ -77,6 +77,14 @@ bear.dev/pool: {{ .pool.name | quote }}
 {{- end -}}
 
 {{/* "repository:tag" with the tag (a string, by the schema) defaulting to the appVersion: (dict "root" $ "image" $image) */}}
+{{/* The predictor's image with source image (a YAML map: read it with fromYaml): predictor.artifact.image, whose
+empty fields come from the BEAR image's, and whose repository is by default the BEAR image's + "-predictor". */}}
+{{- define "bear.predictorImage" -}}
+{{- $artifact := .Values.predictor.artifact.image -}}
+{{- $repository := default (printf "%s-predictor" .Values.image.repository) $artifact.repository -}}
+{{- toYaml (merge (dict "repository" $repository) (deepCopy $artifact) (deepCopy .Values.image)) -}}
+{{- end -}}
+
 {{- define "bear.imageRef" -}}
 {{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) -}}
 {{- end -}}
@@ -157,15 +165,17 @@ true
 - name: BEAR_REDIS_PASSWORD
   valueFrom:
     secretKeyRef:
-      name: {{ $redis.existingSecret }}
-      key: {{ $redis.existingSecretPasswordKey }}
+      name: {{ $redis.existingSecret | quote }}
+      key: {{ $redis.existingSecretPasswordKey | quote }}
 {{- end }}
 {{- if include "bear.redisUsesTls" . }}
 - name: BEAR_REDIS_TLS
   value: "true"
 {{- if $redis.tls.existingSecret }}
+{{- if $redis.tls.caKey }}
 - name: BEAR_REDIS_TLS_CA_FILE
   value: {{ printf "/etc/bear/redis-tls/%s" $redis.tls.caKey | quote }}
+{{- end }}
 {{- if $redis.tls.certKey }}
 - name: BEAR_REDIS_TLS_CERT_FILE
   value: {{ printf "/etc/bear/redis-tls/%s" $redis.tls.certKey | quote }}
@@ -210,7 +220,7 @@ true
 {{- if and (include "bear.redisUsesTls" .) .Values.redis.tls.existingSecret -}}
 - name: redis-tls
   secret:
-    secretName: {{ .Values.redis.tls.existingSecret }}
+    secretName: {{ .Values.redis.tls.existingSecret | quote }}
 {{- end -}}
 {{- end -}}
 
@@ -222,14 +232,16 @@ true
 {{- end -}}
 {{- end -}}
 
-{{/* Pod annotations: the Prometheus scrape hints and the component's own. (dict "root" $ "port" 9464 "extra" $map) */}}
+{{/* Pod annotations: the Prometheus scrape hints and the component's own, which win where both set one (a pod
+whose vLLM metrics are to be scraped instead). (dict "root" $ "port" 9464 "extra" $map) */}}
 {{- define "bear.podAnnotations" -}}
-{{- $annotations := deepCopy (default (dict) .extra) -}}
+{{- $annotations := dict -}}
 {{- if .root.Values.metrics.scrapeAnnotations -}}
 {{- $_ := set $annotations "prometheus.io/scrape" "true" -}}
 {{- $_ := set $annotations "prometheus.io/port" (toString .port) -}}
 {{- $_ := set $annotations "prometheus.io/path" "/metrics" -}}
 {{- end -}}
+{{- $annotations = merge (deepCopy (default (dict) .extra)) $annotations -}}
 {{- with $annotations -}}
 {{- toYaml . -}}
 {{- end -}}
