@@ -8,10 +8,13 @@ the /metrics port is taken) raises ServiceStartError naming the flag and the add
 exits with status 2. A request whose bytes do not decode as the method's message is answered INVALID_ARGUMENT
 ("malformed request: ...") before any servicer sees it (`_GuardedRegistration`), for every service alike.
 
-Tracing: with `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_TRACES_EXPORTER=otlp`) spans go to an OTLP collector over gRPC
-(or `OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf`); `OTEL_TRACES_EXPORTER=console` prints them; otherwise spans are
-created (so that context propagates between services) but not exported. `OTEL_SERVICE_NAME` and
-`OTEL_RESOURCE_ATTRIBUTES` name the service as usual.
+Tracing: `OTEL_TRACES_EXPORTER` lists the exporters (`otlp`, `console`, `none`); unset, spans go to an OTLP collector
+when `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT` names one, over gRPC (or
+`OTEL_EXPORTER_OTLP[_TRACES]_PROTOCOL=http/protobuf`), and otherwise are created (so that context propagates between
+services) but not exported. `OTEL_SERVICE_NAME` or `service.name` in `OTEL_RESOURCE_ATTRIBUTES` names the service
+(default: the service's own name). A setting that the exporters refuse (a malformed endpoint, timeout or compression)
+is logged with the variables involved and the service runs without that exporter: tracing never keeps a service from
+serving. At shutdown the spans still queued get at most TRACING_FLUSH_S to reach the collector.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +47,9 @@ EXIT_BAD_INPUT = 2
 # gRPC sets SO_REUSEPORT on Linux by default: a second server on a port in use would start and share its calls.
 SERVER_OPTIONS = (("grpc.so_reuseport", 0),)
 GRPC_DEFAULT_MAX_RECEIVE_BYTES = 4 * 1024 * 1024
+TRACING_FLUSH_S = 2.0  # at shutdown, for the queued spans (an unreachable collector must not hold the exit)
+OTLP_PROTOCOLS = ("grpc", "http/protobuf")
+TRACES_EXPORTERS = ("otlp", "console", "none")
 
 
 def receive_limit(max_field_bytes: int) -> int:
@@ -76,21 +83,81 @@ def configure_tracing(service_name: str, environ: Mapping[str, str] = os.environ
         for processor in extra_processors:
             current.add_span_processor(processor)
         return current
-    name = environ.get("OTEL_SERVICE_NAME") or service_name
-    provider = TracerProvider(resource=Resource.create({"service.name": name}))
-    exporter_names = {e.strip() for e in environ.get("OTEL_TRACES_EXPORTER", "").split(",") if e.strip()}
-    if "console" in exporter_names:
-        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
-    if "otlp" in exporter_names or (environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") and "none" not in exporter_names):
-        provider.add_span_processor(BatchSpanProcessor(_otlp_exporter(environ)))
+    provider = TracerProvider(resource=_resource(service_name, environ))
+    for name in _exporter_names(environ):
+        processor = _processor(name, environ)
+        if processor is not None:
+            provider.add_span_processor(processor)
     for processor in extra_processors:
         provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
     return provider
 
 
+def shutdown_tracing(flush_s: float = TRACING_FLUSH_S) -> None:
+    """Sends the queued spans (for at most `flush_s`: a collector that does not answer gets no more), then shuts the
+    exporters down (the SDK's own exit hook would wait for every export's deadline and retries, ~10 s each)."""
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        return
+    flush = threading.Thread(target=provider.force_flush, name="bear-tracing-flush", daemon=True)
+    flush.start()
+    flush.join(flush_s)
+    if flush.is_alive():
+        logger.warning("tracing: the spans still queued did not reach the collector within %g s: dropped", flush_s)
+        for exporter in _EXPORTERS:  # ends the export in progress and its retries
+            exporter.shutdown()
+    _EXPORTERS.clear()
+    provider.shutdown()
+
+
+_EXPORTERS: list[Any] = []  # this process's span exporters, for shutdown_tracing
+
+
+def _resource(service_name: str, environ: Mapping[str, str]) -> Resource:
+    """OTEL_RESOURCE_ATTRIBUTES, and the service's name: OTEL_SERVICE_NAME, else theirs, else `service_name`."""
+    detected = Resource.create({})  # OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME of the process
+    named = str(detected.attributes.get("service.name", ""))
+    name = environ.get("OTEL_SERVICE_NAME") or (named if named and not named.startswith("unknown_service")
+                                                 else service_name)
+    return detected.merge(Resource({"service.name": name}))
+
+
+def _exporter_names(environ: Mapping[str, str]) -> list[str]:
+    """OTEL_TRACES_EXPORTER's names (unknown ones logged and left out); unset: otlp where an endpoint is set."""
+    listed = [e.strip().lower() for e in environ.get("OTEL_TRACES_EXPORTER", "").split(",") if e.strip()]
+    if not listed:
+        endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        return ["otlp"] if endpoint else []
+    unknown = [e for e in listed if e not in TRACES_EXPORTERS]
+    if unknown:
+        logger.warning("tracing: OTEL_TRACES_EXPORTER names %s, not one of %s: ignored", ", ".join(unknown),
+                       ", ".join(TRACES_EXPORTERS))
+    return [] if "none" in listed else [e for e in dict.fromkeys(listed) if e in TRACES_EXPORTERS]
+
+
+def _processor(name: str, environ: Mapping[str, str]) -> SpanProcessor | None:
+    """A batch processor for the exporter `name`, or None (logged) where the OTEL_* settings make one impossible."""
+    try:
+        exporter = ConsoleSpanExporter() if name == "console" else _otlp_exporter(environ)
+        processor = BatchSpanProcessor(exporter)
+    except Exception as error:  # noqa: BLE001 - ValueError, the exporters' own: a bad setting must not stop serving
+        involved = sorted(k for k in environ if k.startswith(("OTEL_EXPORTER_OTLP", "OTEL_BSP_")))
+        logger.error("tracing: the %s exporter cannot be configured from %s (%s: %s): spans are not exported there",
+                     name, ", ".join(involved) or "the OTEL_* variables", type(error).__name__, error)
+        return None
+    _EXPORTERS.append(exporter)
+    return processor
+
+
 def _otlp_exporter(environ: Mapping[str, str]):  # noqa: ANN202 - an OTLP span exporter
-    if environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc") == "grpc":
+    variable = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL" if environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                else "OTEL_EXPORTER_OTLP_PROTOCOL")
+    protocol = environ.get(variable) or "grpc"
+    if protocol not in OTLP_PROTOCOLS:
+        logger.warning("tracing: %s=%s is not one of %s: using grpc", variable, protocol, ", ".join(OTLP_PROTOCOLS))
+        protocol = "grpc"
+    if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     else:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # type: ignore[no-redef]
@@ -216,7 +283,8 @@ def announce(grpc_port: int, metrics_port: int | None) -> None:
 
 def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
     """Runs a service's main coroutine on uvloop where it is installed (about 30% less time per call here), else on
-    asyncio's default loop. A server that cannot start ends the process: its message on stderr, exit status 2."""
+    asyncio's default loop, then shuts tracing down (shutdown_tracing). A server that cannot start ends the process:
+    its message on stderr, exit status 2."""
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is not available on every platform
@@ -228,6 +296,8 @@ def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
     except ServiceStartError as error:
         print(error, file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None
+    finally:
+        shutdown_tracing()
 
 
 async def serve_until_stopped(settings: ServerSettings, register: Register,

@@ -73,8 +73,10 @@ class Outcome:
 
     @property
     def tpot_s(self) -> float | None:
-        """Time per output token after the first, when the end-to-end time and the length say it."""
-        if self.observed_e2e_ms <= 0 or self.output_tokens < 2 or self.observed_e2e_ms < self.observed_ttft_ms:
+        """Time per output token after the first, when the end-to-end time, the TTFT and the length say it (without the
+        TTFT, the end-to-end time is no measure of the decode)."""
+        if (self.observed_e2e_ms <= 0 or self.observed_ttft_ms <= 0 or self.output_tokens < 2
+                or self.observed_e2e_ms < self.observed_ttft_ms):
             return None
         return (self.observed_e2e_ms - self.observed_ttft_ms) / 1000 / (self.output_tokens - 1)
 

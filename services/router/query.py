@@ -57,7 +57,7 @@ def validate(query: RouteQuery, limits: Limits, policies: frozenset[str]) -> Rou
     if not math.isfinite(slo) or slo <= 0:
         raise InvalidQuery("ttft_slo_ms", f"must be a positive number of milliseconds, got {slo!r}")
     if slo > limits.max_ttft_slo_ms:
-        raise InvalidQuery("ttft_slo_ms", f"{slo:g} ms exceeds the limit of {limits.max_ttft_slo_ms:g} ms")
+        raise InvalidQuery("ttft_slo_ms", f"{slo!r} ms exceeds the limit of {limits.max_ttft_slo_ms:g} ms")
     for name in ("lambda_per_micro_usd", "delta_per_s"):
         value = getattr(query, name)
         if value is not None and not (math.isfinite(value) and 0 <= value <= MAX_WEIGHT):

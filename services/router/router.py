@@ -332,17 +332,20 @@ class Router:
         _validate_outcome(outcome)
         now_s = self._clock()
         ttft_known = outcome.observed_ttft_ms > 0
-        with self._telemetry.tracer.start_as_current_span("bear.outcome") as span:
+        with self._telemetry.tracer.start_as_current_span(
+                "bear.outcome", attributes={"bear.request_id": outcome.request_id}) as span:
             record = self._recent.get(outcome.request_id, now_s)
             if record is None:
                 try:
                     record = await self._store.dispatch(outcome.request_id)
                 except DependencyUnavailable as error:
                     self._metrics.dependency_errors.labels("redis", error.code).inc()
+            span.set_attribute("bear.dispatch_found", record is not None)
             if record is None:
                 self._metrics.outcomes.labels("false").inc()
                 return False, 0.0
             if not self._reported.first(outcome.request_id):  # a retried report: answered, counted once
+                span.set_attribute("bear.repeated_report", True)
                 return True, record.predicted_ttft_ms
             self._metrics.outcomes.labels("true").inc()
             estimated_ttft_s = ((record.predicted_ttft_ms - record.ttft_offset_ms) / 1000
@@ -351,7 +354,7 @@ class Router:
                 ttft_s=outcome.observed_ttft_ms / 1000 if ttft_known else None, tpot_s=outcome.tpot_s,
                 completed_at_s=now_s if outcome.observed_e2e_ms > 0 else None, estimated_ttft_s=estimated_ttft_s)
             if span.is_recording():
-                span.set_attributes({"bear.request_id": outcome.request_id, "bear.instance_id": record.instance_id,
+                span.set_attributes({"bear.instance_id": record.instance_id,
                                      "bear.observed_ttft_ms": outcome.observed_ttft_ms,
                                      "bear.predicted_ttft_ms": record.predicted_ttft_ms})
             self._metrics.set_ttft_offset(record.instance_id, self._observations.of(record.instance_id).ttft_offset_s)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -199,3 +200,49 @@ def test_bad_settings_exit_with_status_2(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=60,
                             env={**os.environ, "BEAR_REDIS_URL": "redis://127.0.0.1:1/0"})
     assert result.returncode == 2 and "BEAR_DEFAULT_POLICY: unknown policy 'fastest'" in result.stderr
+
+
+def test_a_traces_endpoint_alone_sends_spans_named_by_the_resource_attributes(
+        neighbours: Neighbours, tmp_path: Path, receiver: tuple[OtlpReceiver, int]) -> None:
+    otlp, port = receiver
+    router = RouterProcess(neighbours, tmp_path, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=f"http://127.0.0.1:{port}",
+                           OTEL_SERVICE_NAME="", OTEL_RESOURCE_ATTRIBUTES="service.name=edge-router")
+    try:
+        router.client.route("Summarize.", ttft_slo_ms=250.0, request_id="traces-endpoint-1")
+        resource, _ = wait_until(lambda: next(iter(otlp.named("bear.route")), None))
+        assert resource["service.name"] == "edge-router"
+    finally:
+        assert router.stop() == 0, router.logs()
+
+
+def test_a_collector_that_never_answers_holds_the_exit_for_seconds_not_the_exporters_retries(
+        neighbours: Neighbours, tmp_path: Path) -> None:
+    """The SDK's own exit waits for each queued batch's 10 s export deadline and retries (20–30 s here, the chart's
+    whole termination grace period); BEAR gives the queued spans TRACING_FLUSH_S."""
+    hole = socket.create_server(("127.0.0.1", 0))  # accepts connections (the kernel's backlog), never answers
+    try:
+        router = RouterProcess(neighbours, tmp_path,
+                               OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{hole.getsockname()[1]}")
+        try:
+            for k in range(50):
+                router.client.route("Summarize.", ttft_slo_ms=250.0, request_id=f"hung-collector-{k}")
+            time.sleep(0.5)  # an export under way, more batches queued
+            started = time.monotonic()
+            assert router.stop() == 0, router.logs()
+            assert time.monotonic() - started < 10.0
+        finally:
+            if router.process.poll() is None:
+                router.process.kill()
+    finally:
+        hole.close()
+
+
+def test_an_otlp_setting_the_exporter_refuses_leaves_the_router_serving_untraced(neighbours: Neighbours,
+                                                                                tmp_path: Path) -> None:
+    router = RouterProcess(neighbours, tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT="http://[::1")
+    try:
+        assert router.client.route("Summarize.", ttft_slo_ms=250.0).instance_id
+        (line,) = [line for line in router.logs().splitlines() if "the otlp exporter cannot be configured" in line]
+        assert "OTEL_EXPORTER_OTLP_ENDPOINT" in line and "Invalid IPv6 URL" in line
+    finally:
+        assert router.stop() == 0, router.logs()

@@ -434,6 +434,26 @@ def test_absurd_outcomes_are_refused_naming_the_field(outcome: Outcome, field: s
     assert caught.value.field == field
 
 
+def test_every_report_has_a_span_naming_its_request_and_whether_its_dispatch_was_found() -> None:
+    harness = make_router()
+    route(harness, request_id="reported")
+    for request_id in ("reported", "reported", "nobody"):
+        asyncio.run(harness.router.report_outcome(Outcome(request_id, 100.0)))
+    spans = [s.attributes for s in harness.spans.get_finished_spans() if s.name == "bear.outcome"]
+    assert [(s["bear.request_id"], s["bear.dispatch_found"], s.get("bear.repeated_report")) for s in spans] == [
+        ("reported", True, None), ("reported", True, True), ("nobody", False, None)]
+
+
+def test_an_outcome_without_its_ttft_gives_no_time_per_output_token() -> None:
+    assert Outcome("q", 100.0, 11, 600.0).tpot_s == pytest.approx(0.05)
+    assert Outcome("q", 0.0, 11, 600.0).tpot_s is None  # the end-to-end time holds the unknown TTFT too
+
+
+def test_a_target_over_the_limit_is_shown_as_sent() -> None:
+    with pytest.raises(InvalidQuery, match=r"600000\.1 ms exceeds the limit of 600000 ms"):
+        route(make_router(), slo_ms=600_000.1)
+
+
 def test_report_outcome_finds_decisions_other_replicas_recorded() -> None:
     harness = make_router()
     harness.store.stored["elsewhere"] = DispatchRecord("elsewhere", "large-0", "Qwen3-32B", 999.0, 10, 10, 80.0, 500)
