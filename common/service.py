@@ -233,14 +233,21 @@ async def start_server(settings: ServerSettings, register: Register, on_stop: It
     return running
 
 
-def start_metrics(port: int | None) -> int | None:
-    """Serves Prometheus /metrics (the default registry) on `port` (0: any); returns the port. Raises OSError when
-    the port is taken."""
+def start_metrics(port: int | None, host: str = "[::]") -> int | None:
+    """Serves Prometheus /metrics (the default registry) on `host`:`port` (the gRPC server's host; 0: any port);
+    returns the port. Raises OSError when the port is taken. Every address ("[::]") falls back to every IPv4 address
+    where IPv6 is off."""
     if port is None:
         return None
     from prometheus_client import start_http_server
 
-    server, _ = start_http_server(port)
+    address = host.strip("[]") or "::"
+    try:
+        server, _ = start_http_server(port, addr=address)
+    except OSError:
+        if address != "::":
+            raise
+        server, _ = start_http_server(port, addr="0.0.0.0")
     return server.server_port
 
 
@@ -308,7 +315,7 @@ async def serve_until_stopped(settings: ServerSettings, register: Register,
     configure_tracing(settings.service_name)
     running = await start_server(settings, register, on_stop)
     try:
-        metrics_port = start_metrics(settings.metrics_port)
+        metrics_port = start_metrics(settings.metrics_port, settings.host)
     except OSError as error:  # the gRPC server stops before the loop closes (its callbacks need the loop)
         await running.server.stop(None)
         raise ServiceStartError(f"{_command(settings)}: --metrics-port {settings.metrics_port}: cannot serve /metrics "

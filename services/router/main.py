@@ -78,6 +78,7 @@ async def build(config: RouterConfig, registry: CollectorRegistry | None = None,
     from redis.backoff import NoBackoff
 
     from bear.common.redis_config import connect_async
+    from bear.common.service import ServiceStartError
     from bear.discovery.factory import open_discovery
     from bear.router import server, upstream
     from bear.router.pool import InstancePool
@@ -89,7 +90,11 @@ async def build(config: RouterConfig, registry: CollectorRegistry | None = None,
     policies, fallback = build_policies(config)
     count_tokens = token_counter(config.tokenizer)
     discovery = open_discovery(config.discovery)
-    discovery.start()
+    try:
+        discovery.start()
+    except Exception as error:  # noqa: BLE001 - e.g. kubernetes outside a cluster: no service account, no kubeconfig
+        raise ServiceStartError(f"bear serve router: BEAR_DISCOVERY={config.discovery.mode}: discovery "
+                                f"cannot start ({type(error).__name__}: {error})") from None
     closers: list[Callable[[], Awaitable[None]]] = [lambda: asyncio.to_thread(discovery.stop)]
     await asyncio.to_thread(discovery.wait_until_synced, 10.0)
     client = connect_async(config.redis)

@@ -202,6 +202,16 @@ def test_bad_settings_exit_with_status_2(tmp_path: Path) -> None:
     assert result.returncode == 2 and "BEAR_DEFAULT_POLICY: unknown policy 'fastest'" in result.stderr
 
 
+def test_kubernetes_discovery_without_credentials_exits_with_status_2(tmp_path: Path) -> None:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("BEAR_", "KUBERNETES_"))}
+    result = subprocess.run([sys.executable, "-m", "bear.cli.main", "serve", "router", "--grpc-port=0",
+                             "--metrics-port=off"], capture_output=True, text=True, timeout=60,
+                            env={**environ, "BEAR_DISCOVERY": "kubernetes", "BEAR_REDIS_URL": "redis://127.0.0.1:1/0",
+                                 "KUBECONFIG": str(tmp_path / "no-kubeconfig"), "HOME": str(tmp_path)})
+    assert result.returncode == 2, result.stderr
+    assert "BEAR_DISCOVERY=kubernetes: discovery cannot start" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_a_traces_endpoint_alone_sends_spans_named_by_the_resource_attributes(
         neighbours: Neighbours, tmp_path: Path, receiver: tuple[OtlpReceiver, int]) -> None:
     otlp, port = receiver

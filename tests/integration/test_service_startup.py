@@ -65,6 +65,17 @@ def test_a_host_that_is_not_known_names_host(loop: LoopThread) -> None:
         loop.run(start_server(ServerSettings("bear-test", "bad_host", 0, None), _nothing))
 
 
+def test_metrics_listen_on_the_services_host_only() -> None:
+    from bear.common.service import start_metrics
+
+    port = start_metrics(0, "127.0.0.1")
+    assert port is not None
+    with socket.create_connection(("127.0.0.1", port), timeout=5):
+        pass
+    with socket.socket() as other:  # another loopback address: free, as /metrics is not on every address
+        other.bind(("127.0.0.2", port))
+
+
 def test_a_second_server_on_the_port_of_a_running_one_is_refused(loop: LoopThread, running: RunningServer) -> None:
     with pytest.raises(ServiceStartError, match=f"--grpc-port {running.port}: cannot listen on "
                                                 f"127.0.0.1:{running.port}: Address already in use"):
@@ -113,17 +124,41 @@ def test_bear_serve_refuses_the_port_of_a_running_bear_server(service: str, arti
 
 
 @pytest.mark.parametrize("service", ["estimator", "router"])
-@pytest.mark.parametrize(("content", "message"), [("pools: [", "is not YAML"), (None, "pools file")],
-                         ids=["not-yaml", "missing"])
-def test_bear_serve_refuses_a_bad_pools_file(service: str, content: str | None, message: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("content", "message"), [("pools: [", "is not YAML"), (None, "pools file"),
+                                                  (b"\xff\xfe\x00bad", "is not UTF-8 text")],
+                         ids=["not-yaml", "missing", "not-utf8"])
+def test_bear_serve_refuses_a_bad_pools_file(service: str, content: str | bytes | None, message: str,
+                                             tmp_path: Path) -> None:
     pools = tmp_path / "pools.yaml"
-    if content is not None:
+    if isinstance(content, bytes):
+        pools.write_bytes(content)
+    elif content is not None:
         pools.write_text(content)
     completed = _serve(service, "--pools-file", str(pools), "--host", "127.0.0.1", "--grpc-port", "0",
                        "--metrics-port", "off")
     assert completed.returncode == 2, completed.stderr[-3000:]
     assert completed.stderr.count(f"bear serve {service}: ") == 1 and message in completed.stderr
     assert "Traceback" not in completed.stderr
+
+
+@pytest.mark.parametrize("url", ["redis://localhost:99999/0", "redis://:::bad"])
+@pytest.mark.parametrize("service", ["estimator", "router", "snapshotter"])
+def test_bear_serve_refuses_a_redis_url_with_a_bad_port_naming_the_setting(service: str, url: str,
+                                                                          tmp_path: Path) -> None:
+    flags = ["--region", str(tmp_path / "r"), "--instance-id", "i-0"] if service == "snapshotter" else []
+    completed = _serve(service, *flags, "--redis-url", url, "--grpc-port", "0", "--metrics-port", "off")
+    prefix = "bear snapshotter" if service == "snapshotter" else f"bear serve {service}"
+    assert completed.returncode == 2, completed.stderr[-3000:]
+    assert f"{prefix}: BEAR_REDIS_URL (--redis-url): the port must be a number in 1-65535" in completed.stderr
+    assert "Traceback" not in completed.stderr and "grpc_port=" not in completed.stdout
+
+
+def test_the_snapshotter_refuses_an_infinite_poll_interval_before_it_starts(tmp_path: Path) -> None:
+    completed = _serve("snapshotter", "--region", str(tmp_path / "r"), "--instance-id", "i-0", "--grpc-port", "0",
+                       "--metrics-port", "off", "--poll-interval-ms", "inf")
+    assert completed.returncode == 2, completed.stderr[-3000:]
+    assert "bear snapshotter: BEAR_SNAPSHOTTER_POLL_INTERVAL_MS (--poll-interval-ms) must be" in completed.stderr
+    assert "Traceback" not in completed.stderr and "grpc_port=" not in completed.stdout
 
 
 def test_bear_serve_estimator_refuses_a_directory_that_is_no_predictor_artifact(tmp_path: Path) -> None:
