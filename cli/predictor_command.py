@@ -36,7 +36,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     train_parser.add_argument("--catalog", type=Path,
                               help="models YAML (prices in USD per million tokens); default: the paper's Qwen3 pool")
     train_parser.add_argument("--out", type=Path, required=True, help="model directory to write")
-    train_parser.add_argument("--force", action="store_true", help="replace --out if it exists")
+    train_parser.add_argument("--force", action="store_true", help="replace --out if it holds an earlier artifact")
     train_parser.add_argument("--seed", type=seed, default=0, help="a non-negative integer below 2**31 (default 0)")
     train_parser.add_argument("--num-trees", type=_positive_int, default=TrainingConfig().num_trees)
     train_parser.set_defaults(handler=_train)
@@ -66,15 +66,17 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from bear.predictor.artifact import FORMAT_VERSION
+    from bear.predictor.artifact import FORMAT_VERSION, save_problem
     from bear.predictor.catalog import PAPER_POOL, read_catalog
     from bear.predictor.evals import read_eval_table
     from bear.predictor.tokenizers import KNOWN_TOKENIZERS
     from bear.predictor.training import train
 
     def work() -> dict[str, Any]:
-        if args.out.exists() and not args.force and (not args.out.is_dir() or any(args.out.iterdir())):
-            raise _Usage(f"out: {args.out} exists and is not empty (use --force to replace it)")
+        problem = save_problem(args.out, args.force)
+        if problem is not None:
+            hint = "" if args.force or save_problem(args.out, True) else " (use --force to replace it)"
+            raise _Usage(f"out: {problem}{hint}")
         catalog = read_catalog(args.catalog, KNOWN_TOKENIZERS) if args.catalog else PAPER_POOL
         table = read_eval_table(args.evals)
         start = time.perf_counter()

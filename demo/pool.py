@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -166,7 +167,9 @@ class PoolProcess:
 
 
 def _serve(conn: Connection, config: PoolConfig) -> None:
-    """The child process: runs the pool until told to stop (or until the parent goes away)."""
+    """The child process: runs the pool until told to stop (or until the parent goes away). Ctrl-C reaches the whole
+    foreground process group: the parent handles it and stops the child, which ignores it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=os.environ.get("BEAR_DEMO_POOL_LOG", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     send_lock = threading.Lock()

@@ -110,12 +110,15 @@ def _run(config: DemoConfig, runner: asyncio.Runner, stops: _StopSignals | None,
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise ValueError(f"run folder {folder}: {error.strerror or error}") from None
+    if config.redis_url:
+        _own_redis(config.redis_url)  # before the predictor's training
     say = _Status(status)
     say.line(f"bear demo: run folder {folder} (service logs)")
     say.line("preparing the predictor (trained on the synthetic evaluation table; cached after the first run) …")
     artifact = predictor_artifact(config.seed)
     prompts = demo_prompts(config.seed, config.num_prompts)
-    with _redis(config, folder) as redis_url, _stack(config, artifact, folder, redis_url, say) as (router, pool, sink):
+    with _folder_of_its_own(folder), _redis(config, folder) as redis_url, \
+            _stack(config, artifact, folder, redis_url, say) as (router, pool, sink):
         drive = _drive(config, router.address, prompts, pool, sink, redis_url, say)
         results = runner.run(stops.guard(drive) if stops is not None else drive)
     report = {"policies": results, "rate_qps": config.rate_qps, "turn_s": config.turn_s, "seed": config.seed}
@@ -190,6 +193,35 @@ def _stop_all(parts: Iterable[ServiceProcess | PoolProcess]) -> None:
 
 
 @contextlib.contextmanager
+def _folder_of_its_own(folder: Path) -> Iterator[None]:
+    """Holds the run folder's lock for the run: two demos in one folder would share its embedded Redis, register the
+    same instances and mix each other's queries and logs."""
+    import fcntl
+
+    with open(folder / ".bear-demo.lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f"--run-folder {folder}: another bear demo runs there; give each its own") from None
+        yield
+
+
+def _own_redis(url: str) -> None:
+    """--redis-url must answer and hold no registered instance: another demo's (the two would route to each other's
+    simulated instances) or a real pool's (its routers would route real queries to `sim://` endpoints)."""
+    try:
+        with connect(RedisConfig(url=url, timeout_s=5.0)) as client:
+            members = [m.decode(errors="replace") for m in client.zrange(redis_keys.INSTANCES, 0, -1)]
+            live = [m for m in members if client.exists(redis_keys.instance_key(m))]
+    except Exception as error:  # noqa: BLE001 - redis.RedisError, OSError: unreachable, refused, wrong password
+        raise ValueError(f"--redis-url {url}: {type(error).__name__}: {error}") from None
+    if live:
+        more = f" and {len(live) - 3} more" if len(live) > 3 else ""
+        raise ValueError(f"--redis-url {url}: instances are registered there already ({', '.join(live[:3])}{more}): "
+                         "the demo needs a Redis, or a database number, of its own")
+
+
+@contextlib.contextmanager
 def _redis(config: DemoConfig, folder: Path) -> Iterator[str]:
     if config.redis_url:
         yield config.redis_url
@@ -256,19 +288,20 @@ async def _drive(config: DemoConfig, router_address: str, prompts: Sequence[Demo
     async with AsyncRouterClient(router_address) as router:
         client = WorkloadClient(router, pool.submit, PAPER_POOL, loop)
         sink.target = client.event_from_pool
-        await _await_routable(router, prompts[0].text, say)
-        say.line(f"warming up for {config.warmup_s:g} s ({WARMUP_POLICY} traffic; each instance calibrates eq. 12) …")
-        warmup = PolicyTurn(WARMUP_POLICY, config.warmup_s)
-        await client.run_turn(warmup, plan(prompts, config.rate_qps, config.warmup_s * ARRIVAL_SHARE,
-                                           config.seed + 1, PAPER_POOL, config.looseness), "warmup")
-        await _await_calibrated(redis_url, say)
-        await client.drain(5.0)
-        queries = plan(prompts, config.rate_qps, config.turn_s * ARRIVAL_SHARE, config.seed, PAPER_POOL,
-                       config.looseness)
-        say.line(f"{len(queries)} queries at {config.rate_qps:g} queries/s per policy, "
-                 f"{config.turn_s:.0f} s each: {', '.join(config.policies)}")
-        results = {}
-        try:
+        try:  # however the run ends (Ctrl-C in the warm-up too), the outcome reports in flight are cancelled
+            await _await_routable(router, prompts[0].text, say)
+            say.line(f"warming up for {config.warmup_s:g} s ({WARMUP_POLICY} traffic; each instance calibrates "
+                     "eq. 12) …")
+            warmup = PolicyTurn(WARMUP_POLICY, config.warmup_s)
+            await client.run_turn(warmup, plan(prompts, config.rate_qps, config.warmup_s * ARRIVAL_SHARE,
+                                               config.seed + 1, PAPER_POOL, config.looseness), "warmup")
+            await _await_calibrated(redis_url, say)
+            await client.drain(5.0)
+            queries = plan(prompts, config.rate_qps, config.turn_s * ARRIVAL_SHARE, config.seed, PAPER_POOL,
+                           config.looseness)
+            say.line(f"{len(queries)} queries at {config.rate_qps:g} queries/s per policy, "
+                     f"{config.turn_s:.0f} s each: {', '.join(config.policies)}")
+            results = {}
             for policy in config.policies:
                 results[policy] = await _turn(client, policy, queries, config, say)
         finally:

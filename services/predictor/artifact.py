@@ -39,11 +39,34 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 ACCURACY_MODEL = "accuracy.lgbm.txt"
 LOG_OUTPUT_TOKENS_MODEL = "log_output_tokens.lgbm.txt"
+FILES = ("catalog.json", "features.json", "projections.json", ACCURACY_MODEL, LOG_OUTPUT_TOKENS_MODEL,
+         "length_distributions.json", "baselines.json")  # besides the manifest
 T = TypeVar("T")
 
 
 class ArtifactError(ValueError):
     """A directory that is not a loadable predictor artifact; the message names the file and the problem."""
+
+
+def save_problem(folder: Path, replace: bool) -> str | None:
+    """Why an artifact cannot be saved into `folder`, or None: it may be absent or an empty directory, and with
+    `replace` an earlier artifact (its manifest and files, nothing else), never a folder holding anything more."""
+    if not folder.exists():
+        return None
+    if not folder.is_dir():
+        return f"{folder} exists and is not a directory"
+    entries = {entry.name for entry in folder.iterdir()}
+    if not entries:
+        return None
+    if not replace:
+        return f"{folder} exists and is not an empty directory"
+    if MANIFEST not in entries:
+        return f"{folder} holds files but no predictor artifact ({MANIFEST}): only an artifact is replaced"
+    others = sorted(entries - {MANIFEST, *FILES})
+    if others:
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        return f"{folder} holds more than a predictor artifact ({shown}): only an artifact is replaced"
+    return None
 
 
 @dataclass(frozen=True, eq=False)
@@ -57,9 +80,11 @@ class PredictorArtifact:
     training: Mapping[str, Any]  # summary of the training run
 
     def save(self, folder: Path, *, replace: bool = False) -> None:
-        """Writes the artifact into `folder` (written whole in a sibling, then renamed into place)."""
-        if folder.exists() and not replace and (not folder.is_dir() or any(folder.iterdir())):
-            raise FileExistsError(f"{folder} exists and is not an empty directory")
+        """Writes the artifact into `folder` (written whole in a sibling, then renamed into place); see
+        `save_problem` for the folders it takes."""
+        problem = save_problem(folder, replace)
+        if problem is not None:
+            raise FileExistsError(problem)
         folder.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
         try:
@@ -130,8 +155,7 @@ def _verified_files(folder: Path) -> dict[str, str]:
     if not isinstance(files, dict):
         raise ArtifactError(f"{folder}/{MANIFEST}: no file list")
     texts = {MANIFEST: manifest_text}
-    for name in ("catalog.json", "features.json", "projections.json", ACCURACY_MODEL, LOG_OUTPUT_TOKENS_MODEL,
-                 "length_distributions.json", "baselines.json"):
+    for name in FILES:
         if name not in files:
             raise ArtifactError(f"{folder}/{MANIFEST}: does not list {name}")
         try:

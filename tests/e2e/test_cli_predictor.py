@@ -98,7 +98,9 @@ def _bad(tmp_path: Path, name: str, text: str) -> str:
                                                                       "score": float("nan"), "output_tokens": 3})),
                    "--out", str(t / "m")], "evals row 1: score is NaN"),
     (lambda w, t: ["train", "--evals", str(w / "train.parquet"), "--out", str(w / "model")],
-     "out: .* exists and is not empty"),
+     r"out: .* exists and is not an empty directory \(use --force to replace it\)"),
+    (lambda w, t: ["train", "--evals", str(w / "train.parquet"), "--out", str(w), "--force"],
+     "out: .* holds files but no predictor artifact"),  # the working folder is never wiped
     (lambda w, t: ["train", "--evals", str(w / "train.parquet"), "--catalog", _bad(t, "c.yaml", "models: [{}]"),
                    "--out", str(t / "m")], r"models\[0\]\.name: missing"),
     (lambda w, t: ["predict", "--model-dir", str(w / "model"), "--prompt", "  "], "prompt is empty"),

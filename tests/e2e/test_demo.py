@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import redis
 
 BEAR = shutil.which("bear") or str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "bear")
 POLICIES = ("bear", "score", "routebalance")
@@ -73,12 +74,34 @@ def test_a_run_folder_or_json_file_that_cannot_be_used_is_refused_before_anythin
         assert time.monotonic() - started < 60
 
 
-def test_sigterm_stops_the_services_and_the_pool_with_the_demo(tmp_path: Path) -> None:
-    stop_signal = signal.SIGTERM
+def test_a_redis_that_is_unreachable_or_serves_instances_already_is_refused(tmp_path: Path) -> None:
+    from tests.redis_server import RedisServer
+
+    server = RedisServer()
+    server.start()
+    try:
+        with redis.Redis.from_url(server.url) as client:
+            client.zadd("bear:instances", {"gpu-pool-0": time.time()})
+            client.set("bear:instance:gpu-pool-0", b"\n\x0agpu-pool-0")
+        for url, message in ((server.url, "instances are registered there already (gpu-pool-0)"),
+                             ("redis://127.0.0.1:1/0", "ConnectionError")):
+            completed = _run(["--redis-url", url], tmp_path, timeout_s=120)
+            assert completed.returncode == 2, completed.stderr[-3000:]
+            assert f"bear demo: --redis-url {url}: " in completed.stderr and message in completed.stderr
+            assert "preparing the predictor" not in completed.stderr  # found before the training
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("ctrl_c", [False, True], ids=["sigterm", "ctrl-c"])
+def test_a_stop_signal_stops_the_services_and_the_pool_with_the_demo(tmp_path: Path, ctrl_c: bool) -> None:
+    """SIGTERM to the demo; or Ctrl-C, SIGINT to its whole process group (the services and the pool too)."""
+    stop_signal = signal.SIGINT if ctrl_c else signal.SIGTERM
     run_folder = tmp_path / "run"
     environ = dict(os.environ, BEAR_CACHE_DIR=str(tmp_path / "cache"))
     demo = subprocess.Popen([BEAR, "demo", "--duration", "120", "--run-folder", str(run_folder)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=environ)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=environ,
+                            start_new_session=True)
     lines: list[str] = []
     router_up = threading.Event()
 
@@ -99,7 +122,13 @@ def test_sigterm_stops_the_services_and_the_pool_with_the_demo(tmp_path: Path) -
         names = " ".join(" ".join(c.cmdline()[3:6]) for c in children)
         assert all(f"serve {service}" in names for service in ("predictor", "estimator", "router")), names
         assert any("redis-server" in c.name() for c in children), names
-        demo.send_signal(stop_signal)
+        if not ctrl_c:  # a second demo in its run folder would share its Redis and mix their results
+            second = _run(["--run-folder", str(run_folder)], tmp_path, timeout_s=120)
+            assert second.returncode == 2 and "another bear demo runs there" in second.stderr, second.stderr
+        if ctrl_c:
+            os.killpg(demo.pid, stop_signal)
+        else:
+            demo.send_signal(stop_signal)
         assert demo.wait(60) == 128 + stop_signal, "".join(lines)[-3000:]
         gone, alive = psutil.wait_procs(children, timeout=5)
         assert not alive, [p.cmdline() for p in alive]

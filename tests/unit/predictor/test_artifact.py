@@ -51,6 +51,20 @@ def test_saving_never_overwrites_unless_asked(saved: Path) -> None:
     assert sorted(p.name for p in saved.parent.iterdir()) == ["model"]  # no staging directory left behind
 
 
+def test_replacing_takes_an_earlier_artifact_but_never_a_folder_holding_anything_else(saved: Path,
+                                                                                      tmp_path: Path) -> None:
+    mine = tmp_path / "mine"
+    (mine / "sub").mkdir(parents=True)
+    (mine / "notes.txt").write_text("keep")
+    with pytest.raises(FileExistsError, match="no predictor artifact"):
+        trained_artifact().save(mine, replace=True)
+    assert (mine / "notes.txt").read_text() == "keep" and (mine / "sub").is_dir()
+    (saved / "notes.txt").write_text("keep")  # an artifact with a file of the user's beside it
+    with pytest.raises(FileExistsError, match=r"holds more than a predictor artifact \(notes.txt\)"):
+        trained_artifact().save(saved, replace=True)
+    assert (saved / "notes.txt").exists()
+
+
 def test_a_directory_without_a_manifest(tmp_path: Path) -> None:
     with pytest.raises(ArtifactError, match="not a predictor artifact"):
         load_predictor(tmp_path)
