@@ -8,8 +8,9 @@ without the `BEAR_` prefix, in lower case; values are scalars:
     estimator_metrics_port: off
 
 `layered_environ` merges the three sources into one mapping of environment strings, which the service's config then
-parses once (its `from_environ`), so that a value means the same wherever it was given. A key the file should not
-have (a typo, another service's setting) is an error that names it. Standard library and PyYAML only.
+parses once (its `from_environ`), so that a value means the same wherever it was given. An empty (or blank)
+environment variable counts as unset: the file's value, else the default, applies. A key the file should not have (a
+typo, another service's setting) is an error that names it. Standard library and PyYAML only.
 """
 
 from __future__ import annotations
@@ -42,11 +43,12 @@ def flag_values(args: argparse.Namespace, flags: Mapping[str, tuple[str, str]]) 
 
 def layered_environ(environ: Mapping[str, str], config_file: str | Path | None, flags: Mapping[str, object],
                     known: Iterable[str]) -> dict[str, str]:
-    """The file's settings, overridden by the environment's, overridden by the flags given (None: not given);
-    `flags` and the file are keyed by environment variable and by file key respectively, both among `known`."""
+    """The file's settings, overridden by the environment's (an empty or blank variable: unset), overridden by the
+    flags given (None: not given); `flags` and the file are keyed by environment variable and by file key
+    respectively, both among `known`."""
     known = set(known)
     merged = dict(read_config_file(Path(config_file), known)) if config_file else {}
-    merged.update(environ)
+    merged.update({name: value for name, value in environ.items() if value.strip()})
     merged.update({name: _text(value) for name, value in flags.items() if value is not None})
     return merged
 
@@ -56,7 +58,10 @@ def read_config_file(path: Path, known: set[str]) -> dict[str, str]:
     import yaml
 
     try:
-        document = yaml.safe_load(path.read_text()) or {}
+        document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as error:
+        raise ConfigFileError(f"config file {path}: not UTF-8 text (byte {error.object[error.start]:#04x} at "
+                              f"offset {error.start})") from None
     except (OSError, yaml.YAMLError) as error:
         raise ConfigFileError(f"config file {path}: {error}") from None
     if not isinstance(document, Mapping):

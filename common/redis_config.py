@@ -7,7 +7,7 @@
     BEAR_REDIS_TLS_CA_FILE    CA bundle to verify the server with (default: the system's)
     BEAR_REDIS_TLS_CERT_FILE  client certificate and key, for servers that require them
     BEAR_REDIS_TLS_KEY_FILE
-    BEAR_REDIS_TIMEOUT_S      deadline of every call and of connecting (default 2)
+    BEAR_REDIS_TIMEOUT_S      deadline of every call and of connecting, in (0, 3600] (default 2)
     BEAR_REDIS_EMBEDDED_PATH  database file of the embedded Redis (default: bear-redis.db in the temporary folder);
                               services of one machine that name the same file share one server
 
@@ -18,20 +18,23 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
-from bear.common.config_sources import env_bool
+from bear.common.config_sources import env_bool, env_float
 
 if TYPE_CHECKING:
     import redis
     import redis.asyncio
 
 ENVIRONMENT = ("BEAR_REDIS_URL", "BEAR_REDIS_PASSWORD", "BEAR_REDIS_TLS", "BEAR_REDIS_TLS_CA_FILE",
-               "BEAR_REDIS_TLS_CERT_FILE", "BEAR_REDIS_TLS_KEY_FILE", "BEAR_REDIS_TIMEOUT_S", "BEAR_REDIS_EMBEDDED_PATH")
+               "BEAR_REDIS_TLS_CERT_FILE", "BEAR_REDIS_TLS_KEY_FILE", "BEAR_REDIS_TIMEOUT_S",
+               "BEAR_REDIS_EMBEDDED_PATH")
+MAX_TIMEOUT_S = 3600.0  # BEAR_REDIS_TIMEOUT_S at most: a deadline, not "wait for ever"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,10 +49,12 @@ class RedisConfig:
     embedded_path: str = os.path.join(tempfile.gettempdir(), "bear-redis.db")
 
     def __post_init__(self) -> None:
-        if self.url and urlsplit(self.url).scheme not in ("redis", "rediss", "unix"):
-            raise ValueError(f"BEAR_REDIS_URL must start with redis://, rediss:// or unix://, got {self.url!r}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"BEAR_REDIS_TIMEOUT_S must be > 0, got {self.timeout_s}")
+        problem = _url_problem(self.url) if self.url else None
+        if problem is not None:
+            raise ValueError(f"BEAR_REDIS_URL (--redis-url): {problem}")
+        if not 0 < self.timeout_s <= MAX_TIMEOUT_S:  # also refuses nan
+            raise ValueError(f"BEAR_REDIS_TIMEOUT_S must be > 0 and at most {MAX_TIMEOUT_S:g} (seconds), "
+                             f"got {self.timeout_s}")
         if self.url.startswith("unix://") and self.tls:
             raise ValueError("BEAR_REDIS_TLS does not apply to a unix:// socket")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
@@ -73,7 +78,7 @@ class RedisConfig:
             tls_ca_file=environ.get("BEAR_REDIS_TLS_CA_FILE") or None,
             tls_cert_file=environ.get("BEAR_REDIS_TLS_CERT_FILE") or None,
             tls_key_file=environ.get("BEAR_REDIS_TLS_KEY_FILE") or None,
-            timeout_s=float(environ.get("BEAR_REDIS_TIMEOUT_S") or defaults.timeout_s),
+            timeout_s=env_float(environ, "BEAR_REDIS_TIMEOUT_S", defaults.timeout_s),
             embedded_path=environ.get("BEAR_REDIS_EMBEDDED_PATH") or defaults.embedded_path,
         )
 
@@ -84,6 +89,35 @@ class RedisConfig:
         parts = urlsplit(self.url)
         host = parts.hostname or parts.path
         return f"{parts.scheme}://{host}{f':{parts.port}' if parts.port else ''}{' with TLS' if self.uses_tls else ''}"
+
+
+def _url_problem(url: str) -> str | None:
+    """Why `url` is not a Redis URL the client would connect to as written (it would fail on the first call, or
+    quietly use another database), or None. The message shows the URL without its password."""
+    shown = re.sub(r"//([^/:@]*):[^/]*@", r"//\1:***@", url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as error:  # e.g. a broken [IPv6] host
+        return f"{error}, got {shown!r}"
+    try:
+        port = parts.port
+    except ValueError:  # no number, or out of range
+        port = 0
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        return f"must start with redis://, rediss:// or unix://, got {shown!r}"
+    db = parse_qs(parts.query).get("db", [""])[-1]  # ?db=N, else (redis://, rediss://) the path /N
+    if parts.scheme == "unix":
+        if not parts.path:
+            return f"a unix:// URL names the socket, e.g. unix:///run/redis.sock, got {shown!r}"
+    else:
+        if port == 0:
+            return f"the port must be a number in 1-65535, got {shown!r}"
+        if not parts.hostname:
+            return f"a host is required, e.g. redis://host:6379/0, got {shown!r}"
+        db = db or parts.path.removeprefix("/")
+    if db and not re.fullmatch(r"[0-9]+", db):
+        return f"the database must be a number >= 0, got {db!r} in {shown!r}"
+    return None
 
 
 def connect(config: RedisConfig) -> redis.Redis:

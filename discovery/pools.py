@@ -23,6 +23,7 @@ Every error names the pool and the field.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,9 +69,12 @@ class PoolSpec:
 
 def load_pools_file(path: str | Path) -> tuple[PoolSpec, ...]:
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise PoolsFileError(f"cannot read the pools file {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        raise PoolsFileError(f"the pools file {path} is not UTF-8 text (byte {error.object[error.start]:#04x} at "
+                             f"offset {error.start})") from None
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as error:
@@ -145,8 +149,9 @@ def _instance(entry: Any, where: str) -> StaticInstance:
 
 def _price(entry: Mapping[str, Any], key: str, where: str) -> float:
     value = entry.get(key, 0.0)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise PoolsFileError(f"{where}.{key} must be a number >= 0 (USD per million tokens), got {value!r}")
+    is_number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not is_number or not 0 <= value <= sys.float_info.max:  # also refuses .nan, .inf and huge integers
+        raise PoolsFileError(f"{where}.{key} must be a finite number >= 0 (USD per million tokens), got {value!r}")
     return float(value)
 
 

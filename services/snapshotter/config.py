@@ -7,6 +7,7 @@ configuration (itself standard library only), so that the plugin stays light.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import urllib.parse
@@ -19,13 +20,15 @@ DEFAULT_REGION = "bear-snapshot"
 
 
 MAX_WAITING_ROWS_LIMIT = 65_536  # BEAR_SNAPSHOT_MAX_WAITING at most: estimators refuse snapshots with more rows
+MAX_POLL_INTERVAL_MS = 60_000.0  # BEAR_SNAPSHOTTER_POLL_INTERVAL_MS at most (a region read at least once a minute)
+MAX_SNAPSHOT_TTL_S = 86_400.0  # BEAR_SNAPSHOT_TTL_S at most: a stopped instance's keys are gone within a day
 
 
 @dataclass(frozen=True, slots=True)
 class PluginConfig:
     """The scheduler plugin's settings (environment of `vllm serve`)."""
 
-    region: str = DEFAULT_REGION  # BEAR_SNAPSHOT_REGION: a file in /dev/shm, or a path (data-parallel rank r > 0: -dp<r>)
+    region: str = DEFAULT_REGION  # BEAR_SNAPSHOT_REGION: a file in /dev/shm, or a path (DP rank r > 0 adds -dp<r>)
     max_waiting_rows: int = 1024  # BEAR_SNAPSHOT_MAX_WAITING: rows for waiting requests (running ones: max_num_seqs)
     ring_steps: int = 128  # BEAR_SNAPSHOT_RING_STEPS: step records kept for calibration and the steps in flight
     max_id_bytes: int = 128  # BEAR_SNAPSHOT_MAX_ID_BYTES: longer request ids are cut (and flagged)
@@ -79,20 +82,26 @@ class SnapshotterConfig:
         _require(not self.endpoint or _is_url(self.endpoint),
                  f"BEAR_INSTANCE_ENDPOINT (--endpoint) must be the vLLM server's URL, e.g. http://10.0.0.7:8000, "
                  f"got {self.endpoint!r}")
-        _require(self.poll_interval_s > 0, "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS must be > 0")
+        poll_interval_ms = self.poll_interval_s * 1e3
+        _require(0 < poll_interval_ms <= MAX_POLL_INTERVAL_MS,  # comparisons: also refuse nan
+                 f"BEAR_SNAPSHOTTER_POLL_INTERVAL_MS (--poll-interval-ms) must be > 0 and at most "
+                 f"{MAX_POLL_INTERVAL_MS:g}, got {poll_interval_ms:g}")
         _require(0 <= self.grpc_port < 65536, "BEAR_SNAPSHOTTER_GRPC_PORT must be a port number")
         _require(self.metrics_port is None or 0 <= self.metrics_port < 65536,
                  "BEAR_SNAPSHOTTER_METRICS_PORT must be a port number or off")
-        _require(self.snapshot_ttl_s >= 1, "BEAR_SNAPSHOT_TTL_S must be >= 1")
+        _require(1 <= self.snapshot_ttl_s <= MAX_SNAPSHOT_TTL_S,
+                 f"BEAR_SNAPSHOT_TTL_S must be in [1, {MAX_SNAPSHOT_TTL_S:g}] (seconds), got {self.snapshot_ttl_s:g}")
         _require(0 < self.refresh_s < self.snapshot_ttl_s, "BEAR_SNAPSHOT_REFRESH_S must be > 0 and below the TTL")
-        _require(self.engine_timeout_s >= 2,
-                 "BEAR_SNAPSHOTTER_ENGINE_TIMEOUT_S must be >= 2 (the engine beats every second)")
+        _require(2 <= self.engine_timeout_s < math.inf,
+                 "BEAR_SNAPSHOTTER_ENGINE_TIMEOUT_S must be a finite number >= 2 (the engine beats every second)")
         _require(self.calibration_window >= 8, "BEAR_CALIBRATION_WINDOW must be >= 8")
         _require(4 <= self.calibration_min_samples <= self.calibration_window,
                  "BEAR_CALIBRATION_MIN_SAMPLES must be in [4, BEAR_CALIBRATION_WINDOW]")
-        _require(self.calibration_refit_s >= 0, "BEAR_CALIBRATION_REFIT_S must be >= 0")
-        _require(min(self.input_usd_per_million_tokens, self.output_usd_per_million_tokens) >= 0,
-                 "prices must be >= 0")
+        _require(0 <= self.calibration_refit_s < math.inf, "BEAR_CALIBRATION_REFIT_S must be a finite number >= 0")
+        for name, price in (("BEAR_INPUT_USD_PER_MTOK", self.input_usd_per_million_tokens),
+                            ("BEAR_OUTPUT_USD_PER_MTOK", self.output_usd_per_million_tokens)):
+            _require(0 <= price < math.inf,
+                     f"{name} must be a finite number >= 0 (USD per million tokens), got {price:g}")
 
     @property
     def heartbeat_s(self) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,29 @@ def test_file_then_environment_then_flags(tmp_path: Path) -> None:
 def test_a_bad_file_is_named(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(ConfigFileError, match=message):
         layered_environ({}, write(tmp_path, text), {}, KNOWN)
+
+
+def test_a_file_that_is_not_utf8_text_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "binary.yaml"
+    path.write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(ConfigFileError, match=f"config file {path}: not UTF-8 text"):
+        layered_environ({}, path, {}, KNOWN)
+
+
+def test_an_empty_or_blank_variable_counts_as_unset(tmp_path: Path) -> None:
+    merged = layered_environ({"BEAR_PORT": "", "BEAR_A_S": "  "}, write(tmp_path, "port: 80\n"), {}, KNOWN)
+    assert merged["BEAR_PORT"] == "80" and "BEAR_A_S" not in merged
+
+
+@pytest.mark.parametrize(("service", "text"), [
+    ("predictor", "predictor_model_dir: /artifact\npredictor_grpc_port: 50111\n"),
+    ("estimator", "estimator_grpc_port: 50111\n"),
+    ("router", "router_grpc_port: 50111\n"),
+])
+def test_every_service_takes_the_files_value_over_an_empty_variable(tmp_path: Path, service: str, text: str) -> None:
+    load = importlib.import_module(f"bear.{service}.config").load
+    empty = {f"BEAR_{line.split(':')[0].upper()}": "" for line in text.splitlines()}
+    assert load({}, str(write(tmp_path, text)), empty).grpc_port == 50111
 
 
 def test_a_missing_file_is_named(tmp_path: Path) -> None:

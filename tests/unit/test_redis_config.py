@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,34 @@ def test_no_url_starts_an_embedded_redis_shared_by_everyone_naming_its_file(tmp_
 def test_inconsistent_settings_are_refused(settings: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         RedisConfig(**settings)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("url, problem", [
+    ("redis://localhost:99999/0", "the port must be a number in 1-65535"),
+    ("redis://:::bad", "the port must be a number in 1-65535"),
+    ("redis://cache:0/0", "the port must be a number in 1-65535"),
+    ("redis://", "a host is required"),
+    ("redis://cache:6379/first", "the database must be a number >= 0, got 'first'"),
+    ("redis://cache:6379/0/1", "the database must be a number >= 0, got '0/1'"),
+    ("unix:///run/redis.sock?db=x", "the database must be a number >= 0, got 'x'"),
+    ("unix://", "a unix:// URL names the socket"),
+    ("redis://[::1/0", "Invalid IPv6 URL"),
+])
+def test_a_url_the_client_could_not_use_as_written_is_refused_naming_the_setting(url: str, problem: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(f"BEAR_REDIS_URL (--redis-url): {problem}")):
+        RedisConfig(url=url)
+
+
+def test_a_refused_url_is_shown_without_its_password() -> None:
+    with pytest.raises(ValueError, match="port") as refused:
+        RedisConfig(url="redis://bear:s3cret@cache:99999/0")
+    assert "s3cret" not in str(refused.value) and "redis://bear:***@cache:99999/0" in str(refused.value)
+
+
+@pytest.mark.parametrize("text", ["abc", "inf", "1e300", "3601"])
+def test_a_timeout_that_is_no_deadline_is_refused_naming_the_variable(text: str) -> None:
+    with pytest.raises(ValueError, match="BEAR_REDIS_TIMEOUT_S must be"):
+        RedisConfig.from_environ({"BEAR_REDIS_TIMEOUT_S": text})
 
 
 def test_a_loop_that_swallowed_its_cancellation_still_stops() -> None:

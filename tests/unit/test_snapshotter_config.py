@@ -45,7 +45,7 @@ def test_every_setting_is_read() -> None:
     ({"BEAR_SNAPSHOTTER_POLL_INTERVAL_MS": "0"}, "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS"),
     ({"BEAR_SNAPSHOT_TTL_S": "0.5"}, "BEAR_SNAPSHOT_TTL_S"),
     ({"BEAR_CALIBRATION_MIN_SAMPLES": "5000"}, "BEAR_CALIBRATION_MIN_SAMPLES"),
-    ({"BEAR_INPUT_USD_PER_MTOK": "-1"}, "prices"),
+    ({"BEAR_INPUT_USD_PER_MTOK": "-1"}, "BEAR_INPUT_USD_PER_MTOK must be a finite number >= 0"),
     ({"BEAR_REDIS_URL": "http://r"}, "BEAR_REDIS_URL"),
     ({"BEAR_REDIS_TLS": "maybe"}, "BEAR_REDIS_TLS"),
     ({"BEAR_INSTANCE_ENDPOINT": "not a url"}, "BEAR_INSTANCE_ENDPOINT"),  # clients are sent there
@@ -54,6 +54,25 @@ def test_every_setting_is_read() -> None:
 def test_bad_sidecar_settings_name_the_variable(environ: dict[str, str], names: str) -> None:
     with pytest.raises(ValueError, match=names):
         SnapshotterConfig.from_environ(environ)
+
+
+@pytest.mark.parametrize("name, text", [
+    ("BEAR_INPUT_USD_PER_MTOK", "inf"), ("BEAR_INPUT_USD_PER_MTOK", "nan"), ("BEAR_OUTPUT_USD_PER_MTOK", "inf"),
+    ("BEAR_OUTPUT_USD_PER_MTOK", "nan"), ("BEAR_SNAPSHOTTER_POLL_INTERVAL_MS", "inf"), ("BEAR_SNAPSHOT_TTL_S", "inf"),
+    ("BEAR_SNAPSHOTTER_ENGINE_TIMEOUT_S", "inf"), ("BEAR_CALIBRATION_REFIT_S", "inf"),
+])
+def test_a_setting_that_is_no_finite_number_is_refused_naming_the_variable(name: str, text: str) -> None:
+    with pytest.raises(ValueError, match=f"{name} .*must be"):
+        SnapshotterConfig.from_environ({name: text})
+
+
+@pytest.mark.parametrize("name, message", [
+    ("BEAR_SNAPSHOTTER_POLL_INTERVAL_MS", r"\(--poll-interval-ms\) must be > 0 and at most 60000"),
+    ("BEAR_SNAPSHOT_TTL_S", r"must be in \[1, 86400\]"),
+])
+def test_a_poll_interval_or_ttl_too_long_to_wait_for_is_refused(name: str, message: str) -> None:
+    with pytest.raises(ValueError, match=f"{name} {message}"):
+        SnapshotterConfig.from_environ({name: "1e300"})
 
 
 @pytest.mark.parametrize("environ, names", [

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from bear.discovery.pools import PoolsFileError, PoolSpec, StaticInstance, load_pools_file, parse_pools
 
@@ -68,6 +69,12 @@ def test_bad_pools_are_refused_with_the_field_named(document: Any, message: str)
         parse_pools(document)
 
 
+@pytest.mark.parametrize("text", [".inf", ".nan", "1" + "0" * 400], ids=["inf", "nan", "too-large-for-a-float"])
+def test_a_price_that_is_no_finite_number_is_refused_with_the_field_named(text: str) -> None:
+    with pytest.raises(PoolsFileError, match=r"pool small.output_usd_per_mtok must be a finite number >= 0"):
+        parse_pools(yaml.safe_load(f"pools: [{{name: small, model: m, output_usd_per_mtok: {text}}}]"))
+
+
 def test_unreadable_or_non_yaml_files_are_refused(tmp_path: Path) -> None:
     with pytest.raises(PoolsFileError, match="cannot read"):
         load_pools_file(tmp_path / "missing.yaml")
@@ -75,3 +82,10 @@ def test_unreadable_or_non_yaml_files_are_refused(tmp_path: Path) -> None:
     bad.write_text("pools: [unclosed")
     with pytest.raises(PoolsFileError, match="not YAML"):
         load_pools_file(bad)
+
+
+def test_a_file_that_is_not_utf8_text_is_refused_with_its_name(tmp_path: Path) -> None:
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(PoolsFileError, match=f"the pools file {binary} is not UTF-8 text"):
+        load_pools_file(binary)
