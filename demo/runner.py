@@ -303,7 +303,12 @@ async def _drive(config: DemoConfig, router_address: str, prompts: Sequence[Demo
                      f"{config.turn_s:.0f} s each: {', '.join(config.policies)}")
             results = {}
             for policy in config.policies:
+                queued = client.num_queued  # earlier queries still waiting for their first token
+                if queued:
+                    say.line(f"note: {policy}'s turn starts with {queued} earlier queries still queued in the pool "
+                             "(the rate is past what it serves: each policy's figures depend on the one before)")
                 results[policy] = await _turn(client, policy, queries, config, say)
+                results[policy]["queued_at_start"] = queued
         finally:
             sink.target = None
             await client.close()

@@ -111,6 +111,7 @@ class WorkloadClient:
         self._route_timeout_s = route_timeout_s
         self._pending: dict[str, _Pending] = {}
         self._reports: set[asyncio.Task[None]] = set()
+        self._queued: set[str] = set()  # request ids sent to the pool, without their first token yet
 
     def event_from_pool(self, event: RequestEvent) -> None:
         """Any thread. Once the run's loop is closed (the run was interrupted), events are dropped."""
@@ -120,6 +121,7 @@ class WorkloadClient:
             pass
 
     def _on_event(self, event: RequestEvent) -> None:
+        self._queued.discard(event.request_id)
         pending = self._pending.get(event.request_id)
         if pending is None:
             return
@@ -130,6 +132,11 @@ class WorkloadClient:
     @property
     def num_in_flight(self) -> int:
         return len(self._pending)
+
+    @property
+    def num_queued(self) -> int:
+        """Queries sent to the pool without their first token yet, those of finished turns included."""
+        return len(self._queued)
 
     async def run_turn(self, turn: PolicyTurn, queries: Sequence[PlannedQuery], tag: str) -> None:
         """Sends `queries` at their offsets with `turn.policy`; returns when all have a first token or the turn's time
@@ -184,6 +191,7 @@ class WorkloadClient:
         self._pending[request_id] = pending
         try:
             self._submit(decision.instance_id, request_id, prompt_tokens, output_tokens)
+            self._queued.add(request_id)
             first = await asyncio.wait_for(pending.first_token, timeout=max(deadline_s - time.time(), 0.0))
             result.ttft_s = first.at_s - sent_at
             result.instance_ttft_s = first.at_s - first.arrival_s

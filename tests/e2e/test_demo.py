@@ -37,6 +37,7 @@ def test_demo_routes_a_workload_with_three_policies(tmp_path: Path) -> None:
         assert 0 <= figures["slo_attainment"] <= 1 and figures["on_time_utility"] > 0, name
         assert 0 < figures["route_p50_ms"] <= figures["route_p99_ms"] < 2000, name
         assert sum(figures["mix"].values()) == figures["routes"], name
+        assert figures["queued_at_start"] == 0, name  # a rate the pool serves: no turn inherits a queue
     bear = report["policies"]["bear"]
     assert bear["ttft_mape"] is not None and bear["ttft_mape"] < 0.5  # BEAR's estimates were used, and were close
     for name in POLICIES:  # the printed table names every policy
