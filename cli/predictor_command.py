@@ -22,6 +22,8 @@ EXIT_BAD_INPUT = 2
 MAX_TOKENS = 2**32 - 1  # the Predict API's uint32 token counts
 T = TypeVar("T")
 
+MAX_SYNTH_ROWS = 2_000_000  # `synth --rows` at most: the table and its prompts are built in memory
+
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
@@ -59,7 +61,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     predict_parser.set_defaults(handler=_predict)
 
     synth_parser = actions.add_parser("synth", help="write the SYNTHETIC demo evaluation table (not real evaluations)")
-    synth_parser.add_argument("--rows", type=_positive_int, required=True)
+    synth_parser.add_argument("--rows", type=_synth_rows, required=True,
+                              help=f"rows of the table (prompts × models), at most {MAX_SYNTH_ROWS}")
     synth_parser.add_argument("--seed", type=seed, required=True, help="a non-negative integer below 2**31")
     synth_parser.add_argument("--out", type=Path, required=True, help="output file (.parquet, .csv or .jsonl)")
     synth_parser.set_defaults(handler=_synth)
@@ -182,6 +185,14 @@ def _positive_int(text: str) -> int:
     value = _non_negative_int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _synth_rows(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_SYNTH_ROWS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_SYNTH_ROWS} (the table is built in memory), "
+                                         f"got {text!r}")
     return value
 
 

@@ -44,6 +44,10 @@ CALIBRATION_TIMEOUT_S = 20.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # end the run as Ctrl-C does: the services and the pool stop first
 T = TypeVar("T")
 
+# TTFT targets × at most this: Appendix A.2's longest (1.12 s) stays well inside the router's limit on a target
+# (600 s by default); past it every Route call would be refused.
+MAX_LOOSENESS = 100.0
+
 
 class DemoInterrupted(BaseException):
     """The run was ended by a signal (STOP_SIGNALS) after its services and pool were stopped. A BaseException, as
@@ -77,6 +81,8 @@ class DemoConfig:
             raise ValueError(f"policies: each at most once, got {', '.join(self.policies)}")
         if self.duration_s <= self.warmup_s:
             raise ValueError(f"duration must exceed the warm-up ({self.warmup_s:g} s), got {self.duration_s:g}")
+        if not (math.isfinite(self.looseness) and 0 < self.looseness <= MAX_LOOSENESS):
+            raise ValueError(f"looseness must be a number in (0, {MAX_LOOSENESS:g}], got {self.looseness!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
             raise ValueError(f"seed must be an integer in [0, {MAX_SEED}], got {self.seed!r}")
 

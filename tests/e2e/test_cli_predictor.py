@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -115,6 +117,8 @@ def _bad(tmp_path: Path, name: str, text: str) -> str:
                    _bad(t, "e.csv", "prompt,model,score,output_tokens\nhi,Llama,0.5,3\n")],
      "evals row 1: model 'Llama' is not in the catalogue"),
     (lambda w, t: ["synth", "--rows", "10", "--seed", "-1", "--out", str(t / "e.csv")], "argument --seed: "),
+    (lambda w, t: ["synth", "--rows", "1000000000000", "--seed", "1", "--out", str(t / "e.csv")],
+     "argument --rows: must be at most 2000000"),
     (lambda w, t: ["train", "--evals", str(w / "train.parquet"), "--seed", "-1", "--out", str(t / "m")],
      "argument --seed: "),
     (lambda w, t: ["train", "--evals", str(w / "train.parquet"), "--seed", str(2**31), "--out", str(t / "m")],
@@ -132,3 +136,14 @@ def test_bad_input_exits_2_naming_the_problem(workspace: Path, tmp_path: Path, a
     assert "Traceback" not in completed.stderr
     import re
     assert re.search(message, completed.stderr), completed.stderr
+
+
+def test_ctrl_c_ends_a_long_command_with_status_130_and_no_traceback(tmp_path: Path) -> None:
+    process = subprocess.Popen([BEAR, "predictor", "synth", "--rows", "2000000", "--seed", "1", "--out",
+                                str(tmp_path / "big.parquet")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(3)  # importing, then building the table (tens of seconds)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert stderr.strip().endswith("bear predictor: interrupted") and "Traceback" not in stderr

@@ -54,6 +54,7 @@ def test_demo_routes_a_workload_with_three_policies(tmp_path: Path) -> None:
     (["--policies", "bear,bear"], "policies"),
     (["--seed", "-1"], "--seed"),
     (["--seed", str(2**31)], "--seed"),
+    (["--looseness", "10000"], "looseness must be a number in (0, 100]"),  # every target past the router's limit
 ])
 def test_demo_rejects_bad_input_naming_it(tmp_path: Path, args: list[str], message: str) -> None:
     completed = _run(args, tmp_path, timeout_s=120)
