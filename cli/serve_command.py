@@ -1,7 +1,8 @@
 """`bear serve <service>`: run one of BEAR's services (router, estimator, predictor, snapshotter).
 
 Each service's `main` module defines `add_arguments(parser)` and `run(args) -> int`; settings come from flags, then
-the environment, then an optional `--config` YAML file (flags override the environment, which overrides the file).
+the environment, then (router, estimator, predictor) an optional `--config` YAML file: flags override the environment,
+which overrides the file. The snapshotter, a sidecar configured by its pod's environment, takes flags and environment.
 Imports happen only for the service that runs.
 """
 

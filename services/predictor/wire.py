@@ -35,15 +35,16 @@ class RemainingGroup:
 
 def predict_arguments(request: predictor_pb2.PredictRequest, catalog: Catalog,
                       max_prompt_chars: int) -> tuple[str, list[str] | None]:
-    """(prompt, models or None for the whole catalogue), checked."""
+    """(prompt, models or None for the whole catalogue), checked; a model may be named by its Hugging Face id (e.g.
+    Qwen/Qwen3-8B for the catalogue's Qwen3-8B, as the router and the pools file name it) and is answered by the
+    catalogue's name."""
     if not request.prompt.strip():
         raise InvalidRequest("prompt is empty")
     if len(request.prompt) > max_prompt_chars:
         raise InvalidRequest(f"prompt has {len(request.prompt)} characters; at most {max_prompt_chars} are accepted")
-    models = list(dict.fromkeys(request.models))  # a model named twice is predicted once
-    for index, model in enumerate(models):
-        _known_model(catalog, model, f"models[{index}]")
-    return request.prompt, models or None
+    models = [_known_model(catalog, model, f"models[{index}]", by_repository_id=True)
+              for index, model in enumerate(request.models)]
+    return request.prompt, list(dict.fromkeys(models)) or None  # a model named twice is predicted once
 
 
 def predict_response(predictions: Mapping[str, ModelPrediction], catalog: Catalog) -> predictor_pb2.PredictResponse:
@@ -93,8 +94,12 @@ def remaining_response(num_queries: int, groups: list[RemainingGroup],
     return predictor_pb2.ExpectedRemainingResponse(remaining_tokens=remaining.tolist())
 
 
-def _known_model(catalog: Catalog, model: str, where: str) -> str:
+def _known_model(catalog: Catalog, model: str, where: str, by_repository_id: bool = False) -> str:
+    """The catalogue's name of `model` (with `by_repository_id`, also of `org/name` where `name` is in it)."""
     try:
         return catalog.spec(model).name
     except UnknownModelError as error:
+        short = model.rsplit("/", 1)[-1]
+        if by_repository_id and short != model and short in catalog.names:
+            return short
         raise InvalidRequest(f"{where}: {error}") from None

@@ -27,11 +27,17 @@ def test_predict_arguments() -> None:
         "hi", [LARGE])
 
 
+def test_a_model_named_by_its_hugging_face_id_is_the_catalogues() -> None:
+    request = predictor_pb2.PredictRequest(prompt="hi", models=[f"Qwen/{LARGE}", LARGE, SMALL])
+    assert predict_arguments(request, PAPER_POOL, 100) == ("hi", [LARGE, SMALL])
+
+
 @pytest.mark.parametrize(("request_", "message"), [
     (predictor_pb2.PredictRequest(prompt=""), "prompt is empty"),
     (predictor_pb2.PredictRequest(prompt=" \n\t"), "prompt is empty"),
     (predictor_pb2.PredictRequest(prompt="x" * 101), "prompt has 101 characters; at most 100"),
     (predictor_pb2.PredictRequest(prompt="hi", models=[SMALL, "gpt-9"]), r"models\[1\]: unknown model 'gpt-9'"),
+    (predictor_pb2.PredictRequest(prompt="hi", models=["Qwen/gpt-9"]), r"models\[0\]: unknown model 'Qwen/gpt-9'"),
     (predictor_pb2.PredictRequest(prompt="hi", models=["m" * 20_000]), r"'m{64}'… \(20000 characters\); the cat"),
 ])
 def test_bad_predict_requests_name_the_field(request_: predictor_pb2.PredictRequest, message: str) -> None:
