@@ -235,20 +235,24 @@ async def start_server(settings: ServerSettings, register: Register, on_stop: It
 
 def start_metrics(port: int | None, host: str = "[::]") -> int | None:
     """Serves Prometheus /metrics (the default registry) on `host`:`port` (the gRPC server's host; 0: any port);
-    returns the port. Raises OSError when the port is taken. Every address ("[::]") falls back to every IPv4 address
-    where IPv6 is off."""
-    if port is None:
-        return None
-    from prometheus_client import start_http_server
+    returns the port. Raises OSError when the port is taken."""
+    return None if port is None else metrics_http_server(port, host).server_port
+
+
+def metrics_http_server(port: int, host: str, registry: Any = None) -> Any:
+    """prometheus_client's /metrics server for `registry` (None: the default) on `host` as gRPC writes it ("[::]",
+    "127.0.0.1"); every address ("[::]") falls back to every IPv4 address where IPv6 is off. Raises OSError."""
+    from prometheus_client import REGISTRY, start_http_server
 
     address = host.strip("[]") or "::"
+    registry = REGISTRY if registry is None else registry
     try:
-        server, _ = start_http_server(port, addr=address)
+        server, _ = start_http_server(port, addr=address, registry=registry)
     except OSError:
         if address != "::":
             raise
-        server, _ = start_http_server(port, addr="0.0.0.0")
-    return server.server_port
+        server, _ = start_http_server(port, addr="0.0.0.0", registry=registry)
+    return server
 
 
 def _command(settings: ServerSettings) -> str:

@@ -55,7 +55,8 @@ def run(config: SnapshotterConfig, stop: threading.Event | None = None,
     server.start()
     publisher.start()
     try:
-        metrics_server, metrics_port = _serve_metrics(config.metrics_port, SnapshotterCollector(snapshotter, publisher))
+        metrics_server, metrics_port = _serve_metrics(config.metrics_port, config.grpc_host,
+                                                     SnapshotterCollector(snapshotter, publisher))
     except OSError as error:
         server.stop(None).wait()
         publisher.stop()
@@ -79,13 +80,16 @@ def run(config: SnapshotterConfig, stop: threading.Event | None = None,
         client.close()
 
 
-def _serve_metrics(port: int | None, collector: SnapshotterCollector) -> tuple[Any, int | None]:
-    """Prometheus /metrics of this sidecar alone (a registry of its own: a process may run several sidecars)."""
+def _serve_metrics(port: int | None, host: str, collector: SnapshotterCollector) -> tuple[Any, int | None]:
+    """Prometheus /metrics of this sidecar alone (a registry of its own: a process may run several sidecars), on the
+    gRPC server's host."""
     if port is None:
         return None, None
-    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client import CollectorRegistry
+
+    from bear.common.service import metrics_http_server
 
     registry = CollectorRegistry()
     registry.register(collector)
-    server, _ = start_http_server(port, registry=registry)
+    server = metrics_http_server(port, host, registry)
     return server, server.server_port

@@ -77,6 +77,7 @@ GOOD_CASES: dict[str, tuple[list[str], dict[str, Any]]] = {
         "predictor": {"artifact": {"source": "persistentVolumeClaim",
                                    "persistentVolumeClaim": {"claimName": "007", "subPath": "1.10"}}}}),
     "scrape-annotations-overridden": ([], {"vllm": {"podAnnotations": {"prometheus.io/port": "8000"}}}),
+    "ipv6-pods": ([str(EXAMPLES / "paper-pools.yaml")], {"podIPFamily": "IPv6"}),
 }
 # name → (release, namespace) where a case needs its own (others use RELEASE and NAMESPACE)
 RELEASE_AND_NAMESPACE = {"names-that-look-like-scalars": ("123", "2024"),
@@ -100,6 +101,7 @@ SCHEMA_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
     "artifact-source": ({"predictor": {"artifact": {"source": "s3"}}}, "source"),
     "pvc-artifact-without-claim": ({"predictor": {"artifact": {"source": "persistentVolumeClaim"}}}, "claimName"),
     "otel-protocol": ({"otel": {"protocol": "http/json"}}, "protocol"),
+    "pod-ip-family-misspelt": ({"podIPFamily": "ipv6"}, "podIPFamily"),
     "otel-endpoint-without-a-scheme": ({"otel": {"endpoint": "otel-collector.observability:4317"}}, "endpoint"),
     "number-as-image-tag": ({"image": {"tag": 20240101}}, "'/image/tag': got number, want string"),
     "number-as-pool-image-tag": ({"pools": [_pool(image={"tag": 1.10})]}, "'/pools/0/image/tag': got number"),
@@ -689,3 +691,18 @@ def test_a_client_certificate_can_go_with_the_systems_cas(reports: dict[str, Any
 def test_the_snapshotter_gets_no_tracing_settings_it_would_not_read(reports: dict[str, Any]) -> None:
     for pod in engines(reports["paper+production"]).values():
         assert not [name for name in env(container(pod, "snapshotter")) if name.startswith("OTEL_")]
+
+
+def test_on_ipv6_pods_vllm_listens_on_every_ipv6_address_and_pod_addresses_are_bracketed(
+        reports: dict[str, Any]) -> None:
+    for name, report in (("ipv4", reports["example-paper-pools"]), ("ipv6", reports["ipv6-pods"])):
+        for pod in engines(report).values():
+            vllm, sidecar = container(pod, "vllm"), env(container(pod, "snapshotter"))
+            if name == "ipv6":
+                assert flag(vllm["args"], "--host") == "::"
+                assert sidecar["BEAR_INSTANCE_ENDPOINT"] == "http://[$(POD_IP)]:8000"
+                assert sidecar["BEAR_SNAPSHOTTER_ENDPOINT"] == "[$(POD_IP)]:50071"
+            else:
+                assert flag(vllm["args"], "--host") == "0.0.0.0"
+                assert sidecar["BEAR_INSTANCE_ENDPOINT"] == "http://$(POD_IP):8000"
+                assert sidecar["BEAR_SNAPSHOTTER_ENDPOINT"] == "$(POD_IP):50071"

@@ -127,6 +127,11 @@ that number: Go writes 1e-07, which YAML 1.1 takes for a string until its mantis
 {{- end -}}
 {{- end -}}
 
+{{/* $(POD_IP) as the host of an address with a port: in brackets where it is an IPv6 address. */}}
+{{- define "bear.podIPInAddress" -}}
+{{- ternary "[$(POD_IP)]" "$(POD_IP)" (eq .Values.podIPFamily "IPv6") -}}
+{{- end -}}
+
 {{/* The pod's identity from the downward API; later variables may use $(POD_NAME) and $(POD_IP). */}}
 {{- define "bear.podEnv" -}}
 - name: POD_NAME
