@@ -350,9 +350,10 @@ def _progress_line(turn: PolicyTurn, summary: dict[str, object], done: bool = Fa
     bar = "█" * filled + "░" * (width - filled)
     mix = " ".join(f"{model.removeprefix('Qwen3-')}:{count}" for model, count in summary["mix"].items())  # type: ignore[union-attr]
     p50 = summary["route_p50_ms"]
-    return (f"  {turn.policy:<14} {bar} {elapsed:5.1f}/{turn.duration_s:.0f} s  queries {summary['queries']:>4}  "
+    route_p50 = "–" if p50 is None else f"{p50:.1f} ms"  # no call answered yet
+    return (f"  {turn.policy:<14} {bar} {elapsed:5.1f}/{turn.duration_s:.3g} s  queries {summary['queries']:>4}  "
             f"on time {100 * summary['slo_attainment']:5.1f}%  OnTimeUtility {summary['on_time_utility']:.3f}  "
-            f"route p50 {p50 if p50 is None else f'{p50:.1f}'} ms  errors {summary['errors']}  [{mix}]")
+            f"route p50 {route_p50}  errors {summary['errors']}  [{mix}]")
 
 
 async def _await_routable(router: Any, prompt: str, say: _Status) -> None:
