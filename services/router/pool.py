@@ -9,8 +9,9 @@
 A registration missing from Redis is kept for `forget_after_s` after it was last read: a Redis that restarts empty
 is refilled by the snapshotters within their heartbeat, and routing must not stop meanwhile.
 
-Model names match exactly, or by their last path segment ("Qwen/Qwen3-8B" is "Qwen3-8B"), so that a Hugging Face name
-in the pools and the predictor catalogue's short name meet.
+Model names match exactly, or by their last path segment where one of them has no organisation ("Qwen/Qwen3-8B" is
+"Qwen3-8B"), so that a Hugging Face name in the pools and the predictor catalogue's short name meet; two names of
+different organisations ("Qwen/Qwen3-8B", "unsloth/Qwen3-8B") are different models.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def short_model_name(model: str) -> str:
 
 
 def same_model(a: str, b: str) -> bool:
-    return a == b or short_model_name(a) == short_model_name(b)
+    return a == b or (("/" not in a or "/" not in b) and short_model_name(a) == short_model_name(b))
 
 
 def routable_instances(discovered: Mapping[str, Instance], pools: Sequence[PoolSpec],

@@ -19,7 +19,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from bear.router.pool import InstanceInfo, short_model_name
+from bear.router.pool import InstanceInfo, same_model
 from bear.routing.contract import Candidate, InstanceSignals
 from bear.routing.observations import RESIDUAL_WINDOW, InstanceObservations, ttft_estimates_s
 
@@ -114,8 +114,7 @@ def prediction_for(model: str, predictions: Mapping[str, ModelPrediction]) -> Mo
     found = predictions.get(model)
     if found is not None:
         return found
-    short = short_model_name(model)
-    return next((p for name, p in predictions.items() if short_model_name(name) == short), None)
+    return next((p for name, p in predictions.items() if same_model(name, model)), None)
 
 
 def build_candidates(instances: Sequence[InstanceInfo], prompt_tokens: int,

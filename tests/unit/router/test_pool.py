@@ -52,6 +52,18 @@ def test_allowed_models_select_by_exact_or_short_name_and_unknown_models_are_ref
 
 def test_model_names() -> None:
     assert same_model("Qwen/Qwen3-8B", "Qwen3-8B") and same_model("a", "a") and not same_model("Qwen3-8B", "qwen3-8b")
+    assert same_model("Qwen3-8B", "Qwen/Qwen3-8B") and same_model("Qwen/Qwen3-8B", "Qwen/Qwen3-8B")
+    assert not same_model("Qwen/Qwen3-8B", "unsloth/Qwen3-8B")  # another organisation's model of that name
+
+
+def test_allowed_models_of_another_organisation_select_nothing_of_this_one() -> None:
+    pool = InstancePool(lambda: {})
+    pool.update_registrations({"a": Registration("a", "p", "Qwen/Qwen3-8B", "http://a"),
+                               "b": Registration("b", "p", "unsloth/Qwen3-8B", "http://b")}, now_s=0.0)
+    assert [i.instance_id for i in pool.select(["unsloth/Qwen3-8B"])] == ["b"]
+    assert [i.instance_id for i in pool.select(["Qwen3-8B"])] == ["a", "b"]
+    with pytest.raises(InvalidQuery, match="allowed_models: unknown model 'meta/Qwen3-8B'"):
+        pool.select(["meta/Qwen3-8B"])
 
 
 def test_a_registration_missing_from_redis_is_kept_for_a_while() -> None:
