@@ -57,8 +57,10 @@ def read_config_file(path: Path, known: set[str]) -> dict[str, str]:
     """The file's settings by environment variable name."""
     import yaml
 
+    from bear.common.yaml_files import load_yaml
+
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        document = load_yaml(path.read_text(encoding="utf-8")) or {}
     except UnicodeDecodeError as error:
         raise ConfigFileError(f"config file {path}: not UTF-8 text (byte {error.object[error.start]:#04x} at "
                               f"offset {error.start})") from None

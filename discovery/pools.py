@@ -31,6 +31,8 @@ from typing import Any
 
 import yaml
 
+from bear.common.yaml_files import load_yaml
+
 DEFAULT_HTTP_PORT = 8000
 DEFAULT_SNAPSHOTTER_GRPC_PORT = 50071
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -76,7 +78,7 @@ def load_pools_file(path: str | Path) -> tuple[PoolSpec, ...]:
         raise PoolsFileError(f"the pools file {path} is not UTF-8 text (byte {error.object[error.start]:#04x} at "
                              f"offset {error.start})") from None
     try:
-        document = yaml.safe_load(text)
+        document = load_yaml(text)
     except yaml.YAMLError as error:
         raise PoolsFileError(f"the pools file {path} is not YAML: {error}") from None
     return parse_pools(document)

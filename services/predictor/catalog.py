@@ -171,8 +171,10 @@ def read_catalog(path: Path, known_tokenizers: Sequence[str]) -> Catalog:
     """A catalogue from a YAML (or JSON) file."""
     import yaml
 
+    from bear.common.yaml_files import load_yaml
+
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+        document = load_yaml(path.read_text(encoding="utf-8"))
     except OSError as error:
         raise CatalogError(f"catalog: cannot read {path}: {error.strerror or error}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as error:

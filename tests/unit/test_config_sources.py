@@ -30,6 +30,7 @@ def test_file_then_environment_then_flags(tmp_path: Path) -> None:
     ("a_s: [1, 2]\n", "a_s must be a single value"),
     ("b: 1\n", "unknown setting 'b' .known: a_s, flag, port."),
     ("a_s: [\n", "config file .*settings.yaml"),
+    ("port: 80\nflag: true\nport: 81\n", "(?s)config file .*settings.yaml: .*the key 'port' appears a second time"),
 ])
 def test_a_bad_file_is_named(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(ConfigFileError, match=message):

@@ -82,6 +82,9 @@ def test_unreadable_or_non_yaml_files_are_refused(tmp_path: Path) -> None:
     bad.write_text("pools: [unclosed")
     with pytest.raises(PoolsFileError, match="not YAML"):
         load_pools_file(bad)
+    bad.write_text("pools:\n  - name: small\n    model: m\n    input_usd_per_mtok: 0.1\n    input_usd_per_mtok: 0.2\n")
+    with pytest.raises(PoolsFileError, match=r"(?s)bad.yaml.*the key 'input_usd_per_mtok' appears a second time"):
+        load_pools_file(bad)
 
 
 def test_a_file_that_is_not_utf8_text_is_refused_with_its_name(tmp_path: Path) -> None:

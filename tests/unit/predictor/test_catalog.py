@@ -50,6 +50,9 @@ def test_read_catalog_reads_yaml(tmp_path: Path) -> None:
     path.write_text("models: [")
     with pytest.raises(CatalogError, match="not valid YAML"):
         read_catalog(path, KNOWN_TOKENIZERS)
+    path.write_text("models:\n  - name: m\n    output_usd_per_mtok: 0.5\n    output_usd_per_mtok: 1.5\n")
+    with pytest.raises(CatalogError, match="(?s)models.yaml.*the key 'output_usd_per_mtok' appears a second time"):
+        read_catalog(path, KNOWN_TOKENIZERS)
 
 
 def _with(path: str, value: Any) -> dict[str, Any]:

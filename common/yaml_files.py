@@ -1,0 +1,42 @@
+"""YAML as BEAR's files are read: safe (no Python objects), and a mapping that names a key twice is an error.
+
+PyYAML keeps the last of two equal keys without a word, so a setting written twice in a config, pools or catalogue
+file (`price: 1` near the top, `price: 2` further down, the first one forgotten) would silently take one of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A mapping names the same key twice (a yaml.YAMLError, so callers' YAML errors cover it)."""
+
+    def __str__(self) -> str:
+        mark = self.problem_mark
+        return f"line {mark.line + 1}: {self.problem}" if mark is not None else str(self.problem)
+
+
+class _StrictLoader(yaml.SafeLoader):
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: the keys written beside it override its
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                earlier = seen.get(key)
+            except TypeError:  # an unhashable key: SafeLoader's own error says so below
+                continue
+            if earlier is not None:
+                problem = f"the key {key!r} appears a second time in one mapping (first on line {earlier.line + 1})"
+                raise DuplicateKeyError(None, None, problem, key_node.start_mark)
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str) -> Any:
+    """One YAML document, as yaml.safe_load reads it, but a repeated key in any mapping raises DuplicateKeyError."""
+    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass

@@ -1,0 +1,40 @@
+"""BEAR's YAML files: read as yaml.safe_load reads them, but a key named twice in a mapping is an error."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from bear.common.yaml_files import DuplicateKeyError, load_yaml
+
+DOCUMENTS = [
+    "a: 1\nb: {c: [1, 2.5, x]}\n",
+    "- {x: 1}\n- {x: 2}\n",
+    "",
+    "base: &b {a: 1, b: 2}\nd:\n  <<: *b\n  a: 3\n",  # a merge key's keys are overridden by those written beside it
+    "1: one\n'1': string one\n",  # an integer and a string are two keys
+]
+
+
+@pytest.mark.parametrize("text", DOCUMENTS)
+def test_documents_read_as_safe_load_reads_them(text: str) -> None:
+    assert load_yaml(text) == yaml.safe_load(text)
+
+
+@pytest.mark.parametrize(("text", "key", "first_line", "line"), [
+    ("port: 80\nhost: a\nport: 81\n", "port", 1, 3),
+    ("pools:\n  - name: small\n    model: m\n    name: large\n", "name", 2, 4),
+    ("a: 1\n'a': 2\n", "a", 1, 2),  # quoted or not, the same string
+    ("x: [{k: 1, k: 2}]\n", "k", 1, 1),
+])
+def test_a_key_named_twice_is_refused_with_both_lines(text: str, key: str, first_line: int, line: int) -> None:
+    expected = f"line {line}: the key '{key}' appears a second time in one mapping .first on line {first_line}.$"
+    with pytest.raises(DuplicateKeyError, match=expected) as raised:
+        load_yaml(text)
+    assert raised.value.problem_mark is not None and raised.value.problem_mark.line + 1 == line
+    assert isinstance(raised.value, yaml.YAMLError)  # what the files' readers already catch
+
+
+def test_it_constructs_no_python_objects() -> None:
+    with pytest.raises(yaml.constructor.ConstructorError):
+        load_yaml("!!python/object/apply:os.system ['true']\n")
