@@ -33,7 +33,16 @@ def add_flags(parser: argparse.ArgumentParser, flags: Mapping[str, tuple[str, st
     parser.add_argument("--config", metavar="FILE", help="YAML file of settings (flags and environment override it)")
     for flag, (name, text) in flags.items():
         parser.add_argument(flag, dest=name, metavar=flag.removeprefix("--").replace("-", "_").upper(),
-                            help=f"{text}; {name}")
+                            type=given_value, help=f"{text}; {name}")
+
+
+def given_value(text: str) -> str:
+    """A flag's value must say something: `--grpc-port ""` (an unset shell variable) would otherwise override the
+    environment and the file with nothing, and the default would apply unseen."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty value (leave the flag out to use its setting's value from elsewhere, "
+                                          "or its default)")
+    return text
 
 
 def flag_values(args: argparse.Namespace, flags: Mapping[str, tuple[str, str]]) -> dict[str, object]:

@@ -6,16 +6,17 @@ import argparse
 import dataclasses
 import sys
 
+from bear.common.config_sources import given_value
 from bear.snapshotter.config import SnapshotterConfig
 
-_FLAGS = {  # flag → (config field, type, help)
-    "--region": ("region", str, "snapshot region name in /dev/shm, or a path (BEAR_SNAPSHOT_REGION)"),
-    "--instance-id": ("instance_id", str, "this instance's id (BEAR_INSTANCE_ID; default: host name)"),
-    "--pool": ("pool", str, "pool the instance belongs to (BEAR_POOL)"),
-    "--model": ("model", str, "model name (BEAR_MODEL; default: the engine's served model name)"),
-    "--endpoint": ("endpoint", str, "the vLLM server's URL (BEAR_INSTANCE_ENDPOINT)"),
+_FLAGS = {  # flag → (config field, type, help); a text flag given empty is refused (config_sources.given_value)
+    "--region": ("region", given_value, "snapshot region name in /dev/shm, or a path (BEAR_SNAPSHOT_REGION)"),
+    "--instance-id": ("instance_id", given_value, "this instance's id (BEAR_INSTANCE_ID; default: host name)"),
+    "--pool": ("pool", given_value, "pool the instance belongs to (BEAR_POOL)"),
+    "--model": ("model", given_value, "model name (BEAR_MODEL; default: the engine's served model name)"),
+    "--endpoint": ("endpoint", given_value, "the vLLM server's URL (BEAR_INSTANCE_ENDPOINT)"),
     "--grpc-port": ("grpc_port", int, "gRPC port, 0 for any free one (BEAR_SNAPSHOTTER_GRPC_PORT)"),
-    "--redis-url": (None, str, "Redis URL (BEAR_REDIS_URL; default: an embedded Redis)"),
+    "--redis-url": (None, given_value, "Redis URL (BEAR_REDIS_URL; default: an embedded Redis)"),
 }
 
 
@@ -24,8 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, type=kind, help=text)
     parser.add_argument("--poll-interval-ms", type=float, help="how often the region is read "
                         "(BEAR_SNAPSHOTTER_POLL_INTERVAL_MS, default 5)")
-    parser.add_argument("--metrics-port", help="Prometheus /metrics port, 0 for any free one, off for none "
-                        "(BEAR_SNAPSHOTTER_METRICS_PORT, default 9465)")
+    parser.add_argument("--metrics-port", type=given_value, help="Prometheus /metrics port, 0 for any free one, off "
+                        "for none (BEAR_SNAPSHOTTER_METRICS_PORT, default 9465)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib
 from pathlib import Path
 
 import pytest
 
-from bear.common.config_sources import ConfigFileError, env_bool, env_optional_port, layered_environ
+from bear.common.config_sources import (ConfigFileError, add_flags, env_bool, env_optional_port, flag_values,
+                                        layered_environ)
 
 KNOWN = ("BEAR_A_S", "BEAR_FLAG", "BEAR_PORT")
 
@@ -81,3 +83,29 @@ def test_a_switch(text: str, default: bool, value: bool) -> None:
 def test_a_bad_switch_is_named() -> None:
     with pytest.raises(ValueError, match=r"BEAR_X must be true or false \(on or off\), got 'maybe'"):
         env_bool({"BEAR_X": "maybe"}, "BEAR_X", True)
+
+
+@pytest.mark.parametrize("value", ["", "   "])
+def test_a_flag_given_empty_is_refused_by_name(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--grpc-port "$PORT"` with PORT unset must not quietly override the environment and the file with the default."""
+    parser = argparse.ArgumentParser(prog="bear serve x")
+    add_flags(parser, {"--grpc-port": ("BEAR_PORT", "gRPC port")})
+    assert flag_values(parser.parse_args(["--grpc-port", "81"]), {"--grpc-port": ("BEAR_PORT", "")}) == {
+        "BEAR_PORT": "81"}
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(["--grpc-port", value])
+    assert exited.value.code == 2
+    assert "argument --grpc-port: empty value" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--redis-url", "--instance-id", "--pool", "--model", "--endpoint", "--region",
+                                  "--metrics-port"])
+def test_the_snapshotters_text_flags_given_empty_are_refused(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """An empty --redis-url meant the embedded Redis: a sidecar publishing where no estimator looks."""
+    from bear.snapshotter.serve import add_arguments
+
+    parser = argparse.ArgumentParser(prog="bear snapshotter")
+    add_arguments(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args([flag, ""])
+    assert f"argument {flag}: empty value" in capsys.readouterr().err
