@@ -351,8 +351,10 @@ def _progress_line(turn: PolicyTurn, summary: dict[str, object], done: bool = Fa
     mix = " ".join(f"{model.removeprefix('Qwen3-')}:{count}" for model, count in summary["mix"].items())  # type: ignore[union-attr]
     p50 = summary["route_p50_ms"]
     route_p50 = "–" if p50 is None else f"{p50:.1f} ms"  # no call answered yet
+    on_time, utility = summary["slo_attainment"], summary["on_time_utility"]
     return (f"  {turn.policy:<14} {bar} {elapsed:5.1f}/{turn.duration_s:.3g} s  queries {summary['queries']:>4}  "
-            f"on time {100 * summary['slo_attainment']:5.1f}%  OnTimeUtility {summary['on_time_utility']:.3f}  "
+            f"on time {'–' if on_time is None else f'{100 * on_time:5.1f}%'}  "
+            f"OnTimeUtility {'–' if utility is None else f'{utility:.3f}'}  "
             f"route p50 {route_p50}  errors {summary['errors']}  [{mix}]")
 
 
@@ -431,7 +433,9 @@ def _print_results(report: dict[str, Any], config: DemoConfig, out: TextIO) -> N
     for name, s in policies.items():
         mix = ", ".join(f"{m} {100 * c / max(s['routes'], 1):.0f}%" for m, c in s["mix"].items())
         mape = "" if s["ttft_mape"] is None else f"{100 * s['ttft_mape']:.1f}%"
-        print(f"{name:<14} {s['queries']:>7} {s['on_time_utility']:>13.4f} {100 * s['slo_attainment']:>7.1f}% "
+        utility = "-" if s["on_time_utility"] is None else f"{s['on_time_utility']:.4f}"
+        on_time = "-" if s["slo_attainment"] is None else f"{100 * s['slo_attainment']:.1f}%"
+        print(f"{name:<14} {s['queries']:>7} {utility:>13} {on_time:>8} "
               f"{s['shed']:>5} {s['errors']:>6} {_ms(s['route_p50_ms']):>10} {_ms(s['route_p99_ms']):>10} "
               f"{mape:>15}  {mix}", file=out)
     reference = config.policies[0]

@@ -245,8 +245,9 @@ def summarise(results: Sequence[QueryResult]) -> dict[str, object]:
     mape = float(np.mean([abs(p - a) / a for p, a in pairs])) if pairs else None
     count = len(results)
     return {
-        "on_time_utility": float(np.mean([r.on_time_utility for r in results])) if count else 0.0,
-        "slo_attainment": float(np.mean([r.on_time for r in results])) if count else 0.0,
+        # over no query (a turn too short for its rate to send one) there is nothing to score: null, not 0
+        "on_time_utility": float(np.mean([r.on_time_utility for r in results])) if count else None,
+        "slo_attainment": float(np.mean([r.on_time for r in results])) if count else None,
         "routes": len(routed),
         "errors": sum(r.status == FAILED for r in results),
         "route_p50_ms": _finite(np.nanpercentile(route_ms, 50)) if count else None,
