@@ -44,6 +44,24 @@ CALL_STREAM_SUFFIX = "Stream"  # how a stream of calls is named: the unary metho
 MAX_CALLS_IN_FLIGHT = 512  # per stream: beyond this many unanswered calls the server stops reading the stream
 UNARY_RETRY_S = 60.0  # a server without the twin is asked again after this long (it may have been upgraded)
 LATE_TURNS = 4  # loop passes an expired call still waits: its answer may be read, passed on and taken meanwhile
+# A server span is an error only for these codes (OpenTelemetry's gRPC conventions, as its instrumentation does for
+# unary calls): INVALID_ARGUMENT or ALREADY_EXISTS is the caller's mistake, not the server's.
+_SERVER_ERROR_CODES = frozenset({grpc.StatusCode.UNKNOWN, grpc.StatusCode.DEADLINE_EXCEEDED,
+                                 grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.INTERNAL,
+                                 grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DATA_LOSS})
+
+
+def _rpc_attributes(method: str) -> dict[str, str]:
+    """The span attributes OpenTelemetry's gRPC instrumentation gives a unary call, for a call on a stream of
+    `method` (/package.Service/Method)."""
+    service, _, name = method.strip("/").partition("/")
+    return {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name}
+
+
+def _end_status(span: trace.Span, code: grpc.StatusCode, message: str, server: bool) -> None:
+    span.set_attribute("rpc.grpc.status_code", code.value[0])
+    if code is not grpc.StatusCode.OK and (not server or code in _SERVER_ERROR_CODES):
+        span.set_status(trace.Status(trace.StatusCode.ERROR, f"{code.name}: {message}"))
 
 Request = TypeVar("Request")
 Response = TypeVar("Response")
@@ -170,8 +188,9 @@ class CallStreamServer(Generic[Request, Response]):
             except Exception as error:  # noqa: BLE001 - as gRPC answers a unary handler's unexpected exception
                 logger.exception("%s: unexpected error", self._span_name)
                 result.error.code, result.error.message = "UNKNOWN", f"Unexpected {type(error).__name__}: {error}"
-            if span is not None and result.HasField("error"):
-                span.set_status(trace.Status(trace.StatusCode.ERROR, f"{result.error.code}: {result.error.message}"))
+            if span is not None:
+                code = (grpc.StatusCode[result.error.code] if result.HasField("error") else grpc.StatusCode.OK)
+                _end_status(span, code, result.error.message, server=True)
         try:
             async with write_lock:
                 await context.write(result)
@@ -182,7 +201,8 @@ class CallStreamServer(Generic[Request, Response]):
         if not traced:
             return nullcontext()
         parent = propagate.extract(dict(call.trace_context)) if call.trace_context else None
-        return self._tracer.start_as_current_span(self._span_name, context=parent, kind=trace.SpanKind.SERVER)
+        return self._tracer.start_as_current_span(self._span_name, context=parent, kind=trace.SpanKind.SERVER,
+                                                  attributes=_rpc_attributes(self._span_name))
 
 
 # Client --------------------------------------------------------------------------------------------------------------
@@ -232,13 +252,16 @@ class CallStream(Generic[Request, Response]):
         message.request.CopyFrom(request)
         if not self._traced:
             return await self._exchange(message, timeout_s)
-        with self._tracer.start_as_current_span(self._span_name, kind=trace.SpanKind.CLIENT) as span:
+        with self._tracer.start_as_current_span(self._span_name, kind=trace.SpanKind.CLIENT,
+                                                attributes=_rpc_attributes(self._span_name)) as span:
             propagate.inject(message.trace_context)
             try:
-                return await self._exchange(message, timeout_s)
+                response = await self._exchange(message, timeout_s)
             except CallFailed as error:
-                span.set_status(trace.Status(trace.StatusCode.ERROR, f"{error.code.name}: {error.message}"))
+                _end_status(span, error.code, error.message, server=False)
                 raise
+            span.set_attribute("rpc.grpc.status_code", grpc.StatusCode.OK.value[0])
+            return response
 
     async def close(self) -> None:
         stream, self._stream = self._stream, None

@@ -97,6 +97,7 @@ class InstancePool:
         self._read_at_s: dict[str, float] = {}  # when each registration was last read
         self._seen: Mapping[str, Instance] | None = None
         self._instances: tuple[InstanceInfo, ...] = ()
+        self._models_seen: set[str] = {p.model for p in self._pools}  # every model ever registered or discovered
 
     def update_registrations(self, found: Mapping[str, Registration], now_s: float) -> None:
         """The registrations just read from Redis; those not found are kept until `forget_after_s` has passed."""
@@ -118,9 +119,11 @@ class InstancePool:
         return self._instances
 
     def known_models(self) -> set[str]:
-        """Every model the router has heard of: the pools', the registered ones', the ready instances'."""
-        return ({p.model for p in self._pools} | {r.model for r in self._registrations.values()}
-                | {i.model for i in self.instances()})
+        """Every model the router has heard of since it started: the pools', those registered or discovered (a model
+        whose last instance went away stays known, so a query for it waits for capacity, UNAVAILABLE, rather than
+        being told its model does not exist)."""
+        self._models_seen |= {r.model for r in self._registrations.values()} | {i.model for i in self.instances()}
+        return set(self._models_seen)
 
     def select(self, allowed_models: Iterable[str]) -> tuple[InstanceInfo, ...]:
         """The ready instances serving one of `allowed_models` (all if empty). An allowed model the router has never

@@ -95,7 +95,7 @@ class DispatchRecorder:
             await self._store.record_dispatches([record for record, _, _ in batch])
         except DependencyUnavailable as failure:
             error = failure
-            self._metrics.dependency_errors.labels("redis", failure.code).inc()
+            self._metrics.dependency_failed("redis", failure.code)
             self._metrics.unrecorded_dispatches.labels("redis-unavailable").inc(len(batch))
         written_at = time.perf_counter()
         stage = self._metrics.stage("record")

@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from opentelemetry import trace
+
 from bear.common.messages import shown
 from bear.common.redis_config import honour_cancellation
 from bear.router.decision import DispatchRecord, Outcome, RouteResult, describe
@@ -141,8 +143,15 @@ class Router:
                     record_decision(span, result, prompt_tokens)
             finally:
                 self._deciding.discard(query.request_id)
+        except DuplicateRequest:
+            self._metrics.refusals.labels("Route", "ALREADY_EXISTS").inc()
+            raise
         except InvalidQuery as error:
             self._metrics.invalid_requests.labels(error.field).inc()
+            self._metrics.refusals.labels("Route", "INVALID_ARGUMENT").inc()
+            raise
+        except NoInstances:
+            self._metrics.refusals.labels("Route", "UNAVAILABLE").inc()
             raise
         self._count(result)
         return result
@@ -212,6 +221,8 @@ class Router:
             self._predict(query), self._estimate(query, prompt_tokens, ids))
         instances, predictions, predict_error = self._covered(instances, predictions, predict_error)
         queues = await self._snapshot_queues(ids) if estimate_error is not None else None
+        for instance_id, queue in (queues or {}).items():  # the fallback's snapshots are the ones behind it now
+            self._metrics.set_snapshot_age(instance_id, queue.snapshot_age_ms / 1000)
         errors = tuple(e for e in (predict_error, estimate_error) if e is not None)
         return _Inputs(instances, predictions, estimates, queues, errors)
 
@@ -223,8 +234,8 @@ class Router:
             try:
                 return await self._predictor.predict(query.prompt), None
             except DependencyUnavailable as error:
-                self._metrics.dependency_errors.labels("predictor", error.code).inc()
-                span.set_attribute("bear.error", str(error))
+                self._metrics.dependency_failed("predictor", error.code)
+                _failed(span, error)
                 return None, error
 
     async def _estimate(self, query: RouteQuery, prompt_tokens: int, instance_ids: list[str]
@@ -236,8 +247,8 @@ class Router:
                                                            self._settings.default_output_tokens, instance_ids,
                                                            horizon_ms, self._latest_dispatches())
             except DependencyUnavailable as error:
-                self._metrics.dependency_errors.labels("estimator", error.code).inc()
-                span.set_attribute("bear.error", str(error))
+                self._metrics.dependency_failed("estimator", error.code)
+                _failed(span, error)
                 return None, error
         corrected = {}
         for instance_id, estimate in estimates.items():
@@ -275,8 +286,8 @@ class Router:
             try:
                 return await self._store.queue_lengths(instance_ids, self._settings.fallback_snapshot_max_age_s)
             except DependencyUnavailable as error:
-                self._metrics.dependency_errors.labels("redis", error.code).inc()
-                span.set_attribute("bear.error", str(error))
+                self._metrics.dependency_failed("redis", error.code)
+                _failed(span, error)
                 return {}
 
     def _choose(self, policy: Policy, request: RouteRequest, candidates: Sequence[Candidate],
@@ -321,7 +332,7 @@ class Router:
     def _count(self, result: RouteResult) -> None:
         self._metrics.decision_seconds.labels(result.policy).observe(result.decision_ms / 1000)
         if result.decision is Decision.ROUTE:
-            self._metrics.routes.labels(result.instance_id, result.model, result.policy).inc()
+            self._metrics.count_route(result.instance_id, result.model, result.policy)
         else:
             self._metrics.sheds.labels(result.policy).inc()
 
@@ -329,7 +340,11 @@ class Router:
 
     async def report_outcome(self, outcome: Outcome) -> tuple[bool, float]:
         """Records the observation at the instance the query went to; returns (decision found, predicted TTFT ms)."""
-        _validate_outcome(outcome)
+        try:
+            _validate_outcome(outcome)
+        except InvalidQuery:
+            self._metrics.refusals.labels("ReportOutcome", "INVALID_ARGUMENT").inc()
+            raise
         now_s = self._clock()
         ttft_known = outcome.observed_ttft_ms > 0
         with self._telemetry.tracer.start_as_current_span(
@@ -339,7 +354,7 @@ class Router:
                 try:
                     record = await self._store.dispatch(outcome.request_id)
                 except DependencyUnavailable as error:
-                    self._metrics.dependency_errors.labels("redis", error.code).inc()
+                    self._metrics.dependency_failed("redis", error.code)
             span.set_attribute("bear.dispatch_found", record is not None)
             if record is None:
                 self._metrics.outcomes.labels("false").inc()
@@ -357,11 +372,12 @@ class Router:
                 span.set_attributes({"bear.instance_id": record.instance_id,
                                      "bear.observed_ttft_ms": outcome.observed_ttft_ms,
                                      "bear.predicted_ttft_ms": record.predicted_ttft_ms})
-            self._metrics.set_ttft_offset(record.instance_id, self._observations.of(record.instance_id).ttft_offset_s)
+            if self._settings.ttft_feedback_window > 0:  # else the offset is always 0: not exported
+                self._metrics.set_ttft_offset(record.instance_id,
+                                              self._observations.of(record.instance_id).ttft_offset_s)
             if record.predicted_ttft_ms > 0 and ttft_known:
                 error_s = (record.predicted_ttft_ms - outcome.observed_ttft_ms) / 1000
-                self._metrics.ttft_error_seconds.labels(record.instance_id).observe(error_s)
-                self._metrics.ttft_abs_error_seconds.labels(record.instance_id).observe(abs(error_s))
+                self._metrics.observe_ttft_error(record.instance_id, error_s)
             return True, record.predicted_ttft_ms
 
     # Instances ------------------------------------------------------------------------------------------------------
@@ -372,14 +388,15 @@ class Router:
         try:
             self._pool.update_registrations(await self._store.registrations(), self._clock())
         except DependencyUnavailable as error:
-            self._metrics.dependency_errors.labels("redis", error.code).inc()
+            self._metrics.dependency_failed("redis", error.code)
         except Exception:  # noqa: BLE001 - a bug or a value no check foresaw: the registrations stay as they were
             logger.exception("refreshing the instance registrations failed; kept as they were")
-            self._metrics.dependency_errors.labels("redis", "UNEXPECTED").inc()
+            self._metrics.dependency_failed("redis", "INTERNAL")
         self._loaded = True
         ids = {i.instance_id for i in self._pool.instances()}
         self._metrics.instances.set(len(ids))
         self._metrics.forget_instances_except(ids)
+        self._observations.forget_except(ids)
 
     async def flush(self) -> None:
         """Waits until the dispatches decided so far are written to Redis (or failed)."""
@@ -405,6 +422,12 @@ def _validate_outcome(outcome: Outcome) -> None:
         if not (math.isfinite(value) and 0 <= value <= MAX_OBSERVED_MS):
             raise InvalidQuery(name, f"must be a number of milliseconds in [0, {MAX_OBSERVED_MS:g}] (0: unknown), "
                                      f"got {value!r}")
+
+
+def _failed(span: trace.Span, error: DependencyUnavailable) -> None:
+    """A stage whose neighbour failed (the decision goes on, degraded): its span says so, as bear.record's does."""
+    span.set_attribute("bear.error", str(error))
+    span.set_status(trace.StatusCode.ERROR, str(error))
 
 
 def _servable(candidates: Sequence[Candidate], estimates: Mapping[str, InstanceEstimate] | None

@@ -24,8 +24,12 @@ from bear.routing.contract import Candidate, InstanceSignals
 from bear.routing.observations import RESIDUAL_WINDOW, InstanceObservations, ttft_estimates_s
 
 
+SKIPPED = "SKIPPED"  # DependencyUnavailable's code for a call not made (the Redis store's back-off after a failure)
+
+
 class DependencyUnavailable(Exception):
-    """The predictor, the estimator or Redis did not answer usefully in time."""
+    """The predictor, the estimator or Redis did not answer usefully in time. `code`: a gRPC status name (Redis
+    failures too: DEADLINE_EXCEEDED, UNAVAILABLE, UNAUTHENTICATED, INTERNAL), NO_PREDICTION, or SKIPPED."""
 
     def __init__(self, service: str, code: str, detail: str = "") -> None:
         super().__init__(f"{service} unavailable ({code}{': ' + detail if detail else ''})")
@@ -99,6 +103,11 @@ class ObservationBook:
         self._window, self._throughput_window_s, self._started_at_s = window, throughput_window_s, started_at_s
         self._residual_window = residual_window
         self._by_instance: dict[str, InstanceObservations] = {}
+
+    def forget_except(self, instance_ids: set[str]) -> None:
+        """Drops the observations of instances that are gone."""
+        for instance_id in self._by_instance.keys() - instance_ids:
+            del self._by_instance[instance_id]
 
     def of(self, instance_id: str) -> InstanceObservations:
         observations = self._by_instance.get(instance_id)

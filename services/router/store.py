@@ -29,7 +29,7 @@ from bear.common.log_throttle import LogThrottle
 from bear.router import wire
 from bear.router.decision import DispatchRecord
 from bear.router.pool import Registration
-from bear.router.signals import DependencyUnavailable, QueueLengths
+from bear.router.signals import SKIPPED, DependencyUnavailable, QueueLengths
 
 if TYPE_CHECKING:
     import redis.asyncio
@@ -118,8 +118,8 @@ class RedisStore:
 
     async def _call(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
         if time.monotonic() < self._down_until:
-            raise DependencyUnavailable("redis", "SKIPPED", f"{operation}: Redis failed less than "
-                                                            f"{self._retry_after_s:g} s ago")
+            raise DependencyUnavailable("redis", SKIPPED, f"{operation}: Redis failed less than "
+                                                          f"{self._retry_after_s:g} s ago")
         timeout_s = self._timeout_s if self._succeeded else max(self._timeout_s, FIRST_CALL_TIMEOUT_S)
         try:
             async with asyncio.timeout(timeout_s):  # in this task: nothing is left running after a deadline
@@ -130,6 +130,21 @@ class RedisStore:
                                                                       f"{timeout_s * 1000:g} ms") from None
         except Exception as error:  # noqa: BLE001 - redis.RedisError, OSError: Redis is unavailable
             self._down_until = time.monotonic() + self._retry_after_s
-            raise DependencyUnavailable("redis", type(error).__name__, f"{operation}: {error}") from None
+            raise DependencyUnavailable("redis", redis_failure_code(error),
+                                        f"{operation}: {type(error).__name__}: {error}") from None
         self._succeeded = True
         return result
+
+
+def redis_failure_code(error: BaseException) -> str:
+    """A Redis client's failure as a gRPC status name, so that metrics and reasons use one vocabulary."""
+    import redis.exceptions
+
+    if isinstance(error, (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError,
+                          redis.exceptions.NoPermissionError)):
+        return "UNAUTHENTICATED"
+    if isinstance(error, (redis.exceptions.TimeoutError, TimeoutError)):
+        return "DEADLINE_EXCEEDED"
+    if isinstance(error, (redis.exceptions.ConnectionError, redis.exceptions.BusyLoadingError, OSError)):
+        return "UNAVAILABLE"
+    return "INTERNAL"  # a reply Redis refused (ResponseError: a read-only replica, out of memory, ...)

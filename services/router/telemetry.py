@@ -14,7 +14,8 @@ from opentelemetry import trace
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from bear.router.decision import RouteResult
-from bear.router.query import RouteQuery
+from bear.router.query import InvalidQuery, RouteQuery
+from bear.router.signals import SKIPPED
 
 STAGES = ("predict", "estimate", "snapshots", "choose", "record")
 _LATENCY_BUCKETS_S = (0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1,
@@ -44,10 +45,13 @@ class RouterMetrics:
         self.routes = Counter("bear_router_routes_total", "Queries routed, by instance, model and deciding policy",
                               ["instance", "model", "policy"], registry=registry)
         self.sheds = Counter("bear_router_sheds_total", "Queries shed, by policy", ["policy"], registry=registry)
-        self.invalid_requests = Counter("bear_router_invalid_requests_total", "Requests refused, by field",
-                                        ["field"], registry=registry)
+        self.invalid_requests = Counter("bear_router_invalid_requests_total", "Route calls refused as invalid "
+                                        "(INVALID_ARGUMENT), by field", ["field"], registry=registry)
+        self.refusals = Counter("bear_router_refusals_total", "Calls refused, by method and status code "
+                                "(INVALID_ARGUMENT, ALREADY_EXISTS, UNAVAILABLE: no ready instance)",
+                                ["method", "code"], registry=registry)
         self.dependency_errors = Counter("bear_router_dependency_errors_total", "Failed calls to the predictor, the "
-                                         "estimator and Redis, by service and code", ["service", "code"],
+                                         "estimator and Redis, by service and status code", ["service", "code"],
                                          registry=registry)
         self.unpredicted_instances = Counter("bear_router_unpredicted_instances_total", "Candidates left out because "
                                              "the predictor had no prediction for their model", ["model"],
@@ -66,9 +70,26 @@ class RouterMetrics:
         self._stages = {stage: self.stage_seconds.labels(stage) for stage in STAGES}
         self._aged: set[str] = set()
         self._offset: set[str] = set()
+        self._errored: set[str] = set()  # instances with TTFT error series
+        self._routed: set[tuple[str, str, str]] = set()  # label values of routes_total
 
     def stage(self, name: str) -> Histogram:
         return self._stages[name]
+
+    def dependency_failed(self, service: str, code: str) -> None:
+        """A failed call to a neighbour. SKIPPED (the Redis store's back-off after a failure) made no call: not
+        counted, the failure that started the back-off was."""
+        if code != SKIPPED:
+            self.dependency_errors.labels(service, code).inc()
+
+    def count_route(self, instance_id: str, model: str, policy: str) -> None:
+        self.routes.labels(instance_id, model, policy).inc()
+        self._routed.add((instance_id, model, policy))
+
+    def observe_ttft_error(self, instance_id: str, error_s: float) -> None:
+        self.ttft_error_seconds.labels(instance_id).observe(error_s)
+        self.ttft_abs_error_seconds.labels(instance_id).observe(abs(error_s))
+        self._errored.add(instance_id)
 
     def set_snapshot_age(self, instance_id: str, age_s: float) -> None:
         self.snapshot_age_seconds.labels(instance_id).set(age_s)
@@ -79,13 +100,21 @@ class RouterMetrics:
         self._offset.add(instance_id)
 
     def forget_instances_except(self, instance_ids: set[str]) -> None:
-        """Drops the per-instance gauges of instances that are gone."""
+        """Drops every per-instance series of the instances that are gone (pod names: each rollout brings new ones,
+        and a router's series must not grow with them)."""
         for instance_id in self._aged - instance_ids:
             self.snapshot_age_seconds.remove(instance_id)
         for instance_id in self._offset - instance_ids:
             self.ttft_offset_seconds.remove(instance_id)
+        for instance_id in self._errored - instance_ids:
+            self.ttft_error_seconds.remove(instance_id)
+            self.ttft_abs_error_seconds.remove(instance_id)
+        for labels in {labels for labels in self._routed if labels[0] not in instance_ids}:
+            self.routes.remove(*labels)
+            self._routed.discard(labels)
         self._aged &= instance_ids
         self._offset &= instance_ids
+        self._errored &= instance_ids
 
 
 class Telemetry:
@@ -115,7 +144,10 @@ class Telemetry:
         if not self.tracing:
             yield trace.INVALID_SPAN
             return
-        with self.tracer.start_as_current_span("bear.route") as span:
+        # An exception is recorded here, not by the SDK: a query refused while deciding (an unknown allowed model, a
+        # prompt over the token limit once counted) is the caller's mistake, not an error of the router's.
+        with self.tracer.start_as_current_span("bear.route", record_exception=False,
+                                               set_status_on_exception=False) as span:
             if span.is_recording():
                 span.set_attributes({
                     "bear.request_id": query.request_id,
@@ -129,7 +161,15 @@ class Telemetry:
                     span.set_attribute("bear.lambda_per_micro_usd", query.lambda_per_micro_usd)
                 if query.delta_per_s is not None:
                     span.set_attribute("bear.delta_per_s", query.delta_per_s)
-            yield span
+            try:
+                yield span
+            except InvalidQuery as error:
+                span.set_attribute("bear.refused", str(error))
+                raise
+            except Exception as error:
+                span.record_exception(error)
+                span.set_status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}")
+                raise
 
 
 def record_decision(span: trace.Span, result: RouteResult, prompt_tokens: int) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
+from opentelemetry import trace
 
 from bear.common.call_streams import (
     CallFailed,
@@ -85,8 +86,8 @@ def _request(query_id: str) -> estimator_pb2.EstimateRequest:
     return estimator_pb2.EstimateRequest(query_id=query_id)
 
 
-def _stream(channel: grpc.aio.Channel) -> CallStream[Any, Any]:
-    return CallStream(channel, METHOD, estimator_pb2.EstimateCall, estimator_pb2.EstimateResult, traced=False)
+def _stream(channel: grpc.aio.Channel, traced: bool = False) -> CallStream[Any, Any]:
+    return CallStream(channel, METHOD, estimator_pb2.EstimateCall, estimator_pb2.EstimateResult, traced=traced)
 
 
 def run(scenario: Callable[[], Awaitable[None]]) -> None:
@@ -94,11 +95,11 @@ def run(scenario: Callable[[], Awaitable[None]]) -> None:
 
 
 @asynccontextmanager
-async def connected(grace_s: float = 5.0) -> AsyncIterator[tuple[Server, CallStream[Any, Any]]]:
+async def connected(grace_s: float = 5.0, traced: bool = False) -> AsyncIterator[tuple[Server, CallStream[Any, Any]]]:
     """A server and a stream of calls to it (closed, and the server stopped, at the end)."""
     server = await Server(Servicer(), grace_s=grace_s).start()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-        stream = _stream(channel)
+        stream = _stream(channel, traced)
         try:
             yield server, stream
         finally:
@@ -137,6 +138,37 @@ def test_an_error_fails_its_call_only() -> None:
             assert server.servicer.opened == 1
 
     run(scenario)
+
+
+def test_each_call_has_the_spans_and_rpc_attributes_a_unary_call_has() -> None:
+    """Server spans are errors only for the server's failures (OpenTelemetry's gRPC conventions), client spans for
+    any; both carry rpc.* attributes and the status code, as the gRPC instrumentation gives unary calls."""
+    from tests.router_stack import span_exporter
+
+    exporter = span_exporter()
+
+    async def scenario() -> None:
+        async with connected(traced=True) as (_, stream):
+            await stream.call(_request("fine"), timeout_s=5)
+            for code in ("INVALID_ARGUMENT", "UNAVAILABLE"):
+                with pytest.raises(CallFailed):
+                    await stream.call(_request(f"fail:{code}"), timeout_s=5)
+
+    run(scenario)
+    spans = [s for s in exporter.get_finished_spans() if s.name == METHOD]
+    assert len(spans) == 6
+    by_kind: dict[str, list[Any]] = {"server": [], "client": []}
+    for span in sorted(spans, key=lambda s: s.start_time):
+        by_kind["server" if span.kind is trace.SpanKind.SERVER else "client"].append(span)
+    for kind, (fine, invalid, unavailable) in by_kind.items():
+        for span in (fine, invalid, unavailable):
+            assert {k: span.attributes[k] for k in ("rpc.system", "rpc.service", "rpc.method")} == {
+                "rpc.system": "grpc", "rpc.service": "bear.v1.Estimator", "rpc.method": "EstimateStream"}, kind
+        assert [s.attributes["rpc.grpc.status_code"] for s in (fine, invalid, unavailable)] == [0, 3, 14], kind
+        assert fine.status.status_code is trace.StatusCode.UNSET, kind
+        assert unavailable.status.status_code is trace.StatusCode.ERROR, kind
+    assert by_kind["server"][1].status.status_code is trace.StatusCode.UNSET  # the caller's mistake
+    assert by_kind["client"][1].status.status_code is trace.StatusCode.ERROR  # a failed call, for the caller
 
 
 def test_a_call_past_its_deadline_fails_and_its_late_answer_is_dropped() -> None:

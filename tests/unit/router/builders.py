@@ -85,7 +85,7 @@ class FakeStore:
 
     def _check(self) -> None:
         if self.down:
-            raise DependencyUnavailable("redis", "ConnectionError", "down")
+            raise DependencyUnavailable("redis", "UNAVAILABLE", "ConnectionError: down")
 
     async def record_dispatches(self, records: Sequence[DispatchRecord]) -> None:
         self._check()

@@ -251,7 +251,7 @@ def test_redis_down_loses_the_record_but_not_the_decision() -> None:
     harness.store.down = True
     result = route(harness)
     assert result.decision is Decision.ROUTE and not result.degraded
-    assert harness.metric("bear_router_dependency_errors_total", service="redis", code="ConnectionError") >= 1
+    assert harness.metric("bear_router_dependency_errors_total", service="redis", code="UNAVAILABLE") >= 1
     assert harness.metric("bear_router_unrecorded_dispatches_total", reason="redis-unavailable") == 1
     record = next(s for s in harness.spans.get_finished_spans() if s.name == "bear.record")
     assert not record.status.is_ok and "redis unavailable" in record.status.description
@@ -293,6 +293,7 @@ def test_bad_input_is_refused_naming_the_field(fields: dict[str, object], field:
         route(harness, prompt, **fields)  # type: ignore[arg-type]
     assert caught.value.field == field and str(caught.value).startswith(f"{field}: ")
     assert harness.metric("bear_router_invalid_requests_total", field=field) == 1
+    assert harness.metric("bear_router_refusals_total", method="Route", code="INVALID_ARGUMENT") == 1
     assert harness.estimator.calls == []
 
 
@@ -311,7 +312,9 @@ def test_a_request_id_is_routed_once() -> None:
     with pytest.raises(DuplicateRequest, match="dup-1"):
         route(harness, request_id="dup-1", allowed_models=("Qwen3-0.6B",))
     assert [r.instance_id for r in harness.store.records if r.request_id == "dup-1"] == [first.instance_id]
-    assert harness.metric("bear_router_invalid_requests_total", field="request_id") == 1
+    # refused as a duplicate, not as an invalid id
+    assert harness.metric("bear_router_refusals_total", method="Route", code="ALREADY_EXISTS") == 1
+    assert harness.metric("bear_router_invalid_requests_total", field="request_id") == 0
 
 
 def test_a_request_id_is_refused_while_its_first_route_call_is_still_deciding() -> None:
