@@ -3,7 +3,15 @@
     bear_snapshotter_engine_available                  1 while a live engine writes the region, else 0
     bear_snapshotter_snapshots_total                   new engine states read from the region
     bear_snapshotter_region_errors_total               reads of a region this version cannot read
-    bear_snapshotter_snapshot_age_seconds              now − when the latest state was written (idle engines age)
+    bear_snapshotter_torn_reads_total                  copies of the region dropped: the engine wrote meanwhile
+    bear_snapshotter_plugin_errors_total               exceptions the scheduler plugin contained inside vLLM
+    bear_snapshotter_missed_steps_total                executed steps that left the region's ring unread (the
+                                                       calibration misses them: the sidecar polls too slowly)
+    bear_snapshotter_snapshot_age_seconds              now − when the latest snapshot was read or refreshed, as
+                                                       the estimator counts it (an idle engine's stays under
+                                                       BEAR_SNAPSHOT_REFRESH_S while the sidecar runs)
+    bear_snapshotter_engine_state_age_seconds          now − when the engine last wrote its state (grows while
+                                                       the engine is idle)
     bear_snapshotter_residents{queue}                  requests in the latest state (running, waiting)
     bear_snapshotter_published_total                   snapshots sent to Redis
     bear_snapshotter_redis_failures_total              failed Redis round trips (each retried with back-off)
@@ -37,13 +45,22 @@ class SnapshotterCollector(Collector):
                                   value=s.num_snapshots)
         yield CounterMetricFamily("bear_snapshotter_region_errors", "Reads of a region this version cannot read",
                                   value=s.num_region_errors)
+        yield CounterMetricFamily("bear_snapshotter_torn_reads", "Copies of the region dropped because the engine "
+                                  "wrote meanwhile", value=s.num_torn_reads)
+        yield CounterMetricFamily("bear_snapshotter_plugin_errors", "Exceptions the scheduler plugin contained "
+                                  "inside vLLM", value=s.num_plugin_errors)
+        yield CounterMetricFamily("bear_snapshotter_missed_steps", "Executed steps that left the region's ring "
+                                  "before the sidecar read them", value=s.num_missed_steps)
         yield CounterMetricFamily("bear_snapshotter_published", "Snapshots sent to Redis",
                                   value=self._publisher.num_snapshots_published)
         yield CounterMetricFamily("bear_snapshotter_redis_failures", "Failed Redis round trips",
                                   value=self._publisher.num_failures)
         if latest is not None:
-            yield GaugeMetricFamily("bear_snapshotter_snapshot_age_seconds",
-                                    "Now minus when the latest engine state was written", value=now - latest.taken_at_s)
+            yield GaugeMetricFamily("bear_snapshotter_snapshot_age_seconds", "Now minus when the latest snapshot "
+                                    "was read or refreshed (the age the estimator sees)",
+                                    value=max(0.0, now - max(latest.taken_at_s, latest.read_at_s)))
+            yield GaugeMetricFamily("bear_snapshotter_engine_state_age_seconds", "Now minus when the engine last "
+                                    "wrote its state (grows while it is idle)", value=max(0.0, now - latest.taken_at_s))
             residents = GaugeMetricFamily("bear_snapshotter_residents", "Requests in the latest state",
                                           labels=["queue"])
             residents.add_metric(["running"], len(latest.running))

@@ -52,6 +52,13 @@ class Snapshotter:
         self._available: bool | None = None
         self.num_snapshots = 0
         self.num_region_errors = 0
+        self.num_plugin_errors = 0  # exceptions the engine's plugin contained, as its latest state counts them
+        self.num_missed_steps = 0  # executed steps that left the region's ring before they were read
+
+    @property
+    def num_torn_reads(self) -> int:
+        """Copies of the region discarded because the engine wrote while they were taken."""
+        return self._reader.num_torn
 
     # The poll loop ------------------------------------------------------------------------------------------------
 
@@ -85,6 +92,8 @@ class Snapshotter:
         if region is None:
             self._heartbeat(now)
             return False
+        self.num_plugin_errors = region.num_errors
+        self.num_missed_steps += region.num_missed_steps
         self._calibrate(region, now)
         if region.valid:
             self._register_if_new_engine(region)

@@ -211,6 +211,7 @@ def test_coefficients_are_fitted_online_and_travel_with_the_snapshots(sidecar: S
 
 def test_metrics_report_the_engine_the_snapshots_and_the_fit(sidecar: Sidecar, region: str) -> None:
     engine = FakeEngine(region, small_capacities(max_rows=16, max_step_entries=16, max_slots=64))
+    engine.writer.num_errors = 3  # exceptions the plugin contained inside the engine
     engine.write_state([decoding("a"), decoding("b")], [waiting("c")], written_at_s=time.time())
     rng = random.Random(3)
     for _ in range(20):
@@ -231,7 +232,10 @@ def test_metrics_report_the_engine_the_snapshots_and_the_fit(sidecar: Sidecar, r
     assert samples["bear_snapshotter_engine_available"] == 1.0
     assert samples["bear_snapshotter_snapshots_total"] >= 1 and samples["bear_snapshotter_published_total"] >= 1
     assert samples["bear_snapshotter_region_errors_total"] == 0
-    assert "bear_snapshotter_snapshot_age_seconds" in samples  # (these states carry made-up times)
+    assert samples["bear_snapshotter_plugin_errors_total"] == 3
+    assert samples["bear_snapshotter_torn_reads_total"] >= 0 and samples["bear_snapshotter_missed_steps_total"] >= 0
+    assert 0 <= samples["bear_snapshotter_snapshot_age_seconds"] < 5  # read (or refreshed) just now
+    assert "bear_snapshotter_engine_state_age_seconds" in samples  # (these states carry made-up times)
     assert 0 <= samples["bear_snapshotter_calibration_mape"] < 0.05
     assert 'bear_snapshotter_residents{queue="running"}' in samples
 
