@@ -103,14 +103,11 @@ async def build(config: RouterConfig, registry: CollectorRegistry | None = None,
     closers.append(store.close)
     telemetry = Telemetry(tracer or otel_trace.get_tracer("bear.router"),
                           RouterMetrics(REGISTRY if registry is None else registry))
-    predictor_channel = upstream.open_channel(config.predictor_address, telemetry.tracing)
-    estimator_channel = upstream.open_channel(config.estimator_address, telemetry.tracing)
-    predictor = upstream.GrpcPredictor(predictor_channel, config.predictor_timeout_s, config.call_streams,
+    predictor = upstream.GrpcPredictor(config.predictor_address, config.predictor_timeout_s, config.call_streams,
                                        telemetry.tracing)
-    estimator = upstream.GrpcEstimator(estimator_channel, config.estimator_timeout_s, config.call_streams,
+    estimator = upstream.GrpcEstimator(config.estimator_address, config.estimator_timeout_s, config.call_streams,
                                        telemetry.tracing)
-    closers += [lambda: predictor_channel.close(), lambda: estimator_channel.close(),  # closed in reverse order
-                predictor.close, estimator.close]
+    closers += [predictor.close, estimator.close]
     settings = RouterSettings(config.default_policy, config.lambda_per_micro_usd, config.horizon_factor,
                               config.default_output_tokens,
                               Limits(config.max_ttft_slo_ms, config.max_prompt_bytes, config.max_prompt_tokens),

@@ -30,19 +30,29 @@ CHANNEL_OPTIONS = (
 )
 
 
-def open_channel(address: str, traced: bool = True) -> grpc.aio.Channel:
-    """A channel whose calls are child spans carrying the trace context (when tracing is on: with the SDK disabled
-    there is no context to carry, and the interceptors would only cost time)."""
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS,
-                                     interceptors=client_interceptors() if traced else None)
+class _Channels:
+    """A neighbour's channels: unary calls' carries the OpenTelemetry interceptors when tracing is on (each call a
+    child span with the trace context; with the SDK disabled there is no context to carry, and the interceptors would
+    only cost time); the streams of calls get a plain one, as they trace each call themselves. On a channel with
+    interceptors gRPC passes every write of a stream through a queue and a task of its own, and leaves that task
+    pending for good when the stream ends abruptly (its neighbour died): destroyed later with errors in the log."""
+
+    def __init__(self, address: str, traced: bool) -> None:
+        self.streams = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.unary = (grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=client_interceptors())
+                      if traced else self.streams)
+
+    async def close(self) -> None:
+        for channel in {id(c): c for c in (self.unary, self.streams)}.values():
+            await channel.close()
 
 
 class GrpcPredictor:
-    def __init__(self, channel: grpc.aio.Channel, timeout_s: float, streamed: bool = True,
-                 traced: bool = True) -> None:
-        stream = CallStream(channel, f"/{PREDICTOR}/PredictStream", predictor_pb2.PredictCall,
+    def __init__(self, address: str, timeout_s: float, streamed: bool = True, traced: bool = True) -> None:
+        self._channels = _Channels(address, traced)
+        stream = CallStream(self._channels.streams, f"/{PREDICTOR}/PredictStream", predictor_pb2.PredictCall,
                             predictor_pb2.PredictResult, traced) if streamed else None
-        self._predict = StreamedMethod(predictor_pb2_grpc.PredictorStub(channel).Predict, stream)
+        self._predict = StreamedMethod(predictor_pb2_grpc.PredictorStub(self._channels.unary).Predict, stream)
         self._timeout_s = timeout_s
 
     async def predict(self, prompt: str) -> dict[str, ModelPrediction]:
@@ -54,14 +64,15 @@ class GrpcPredictor:
 
     async def close(self) -> None:
         await self._predict.close()
+        await self._channels.close()
 
 
 class GrpcEstimator:
-    def __init__(self, channel: grpc.aio.Channel, timeout_s: float, streamed: bool = True,
-                 traced: bool = True) -> None:
-        stream = CallStream(channel, f"/{ESTIMATOR}/EstimateStream", estimator_pb2.EstimateCall,
+    def __init__(self, address: str, timeout_s: float, streamed: bool = True, traced: bool = True) -> None:
+        self._channels = _Channels(address, traced)
+        stream = CallStream(self._channels.streams, f"/{ESTIMATOR}/EstimateStream", estimator_pb2.EstimateCall,
                             estimator_pb2.EstimateResult, traced) if streamed else None
-        self._estimate = StreamedMethod(estimator_pb2_grpc.EstimatorStub(channel).Estimate, stream)
+        self._estimate = StreamedMethod(estimator_pb2_grpc.EstimatorStub(self._channels.unary).Estimate, stream)
         self._timeout_s = timeout_s
         # The latest dispatches go along with many calls in a row: each is converted once.
         self._recent: OrderedDict[str, router_pb2.DispatchRecord] = OrderedDict()
@@ -79,6 +90,7 @@ class GrpcEstimator:
 
     async def close(self) -> None:
         await self._estimate.close()
+        await self._channels.close()
 
     def _converted(self, record: DispatchRecord) -> router_pb2.DispatchRecord:
         message = self._recent.get(record.request_id)
