@@ -12,20 +12,26 @@
 (`RouteStream`, opened on the first call: a call on it costs about half a unary call's time), or unary Route calls
 with `streamed=False`, where the router has no stream twin, and for a request over STREAMED_REQUEST_BYTES (a message
 over the router's size limit ends the stream it goes on, with every call on it: alone, only its own call fails).
-Replies are the bear.v1 messages (`RouteDecision`, `OutcomeAck`). Every call has a deadline (`timeout_s`, per client and per call). Arguments that cannot make a request
-(both or neither of prompt and prompt_tokens, a negative count, a string as allowed_models, a deadline <= 0) raise
-ValueError before any call. Errors:
+Replies are the bear.v1 messages (`RouteDecision`, `OutcomeAck`). Every call has a deadline (`timeout_s`, per client
+and per call, at most MAX_TIMEOUT_S). Arguments that cannot make a request (both or neither of prompt and
+prompt_tokens, a count or a time that is no number, a string as allowed_models, a deadline <= 0) raise ValueError
+before any call. The client's channel reconnects within about a second of a router coming back (gRPC's own back-off
+grows to two minutes). Errors:
 
-    InvalidRequest      the router refused the request (INVALID_ARGUMENT); the message names the field
+    InvalidRequest      the router refused the request (INVALID_ARGUMENT, or RESOURCE_EXHAUSTED: a request larger
+                        than the router takes); the message names the field
     DuplicateRequest    an InvalidRequest: the request id was routed already (ALREADY_EXISTS)
-    RouterUnavailable   the router is unreachable, or no instance is ready (UNAVAILABLE)
+    RouterUnavailable   the router is unreachable or shutting down (its calls cancelled), or no instance is ready
+                        (UNAVAILABLE)
     RouterTimeout       the deadline passed (DEADLINE_EXCEEDED)
-    RouterError         anything else (the base class of the three)
+    RouterError         anything else (the base class of the three); CANCELLED: the client was closed
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
+import numbers
 from collections.abc import Sequence
 from types import TracebackType
 
@@ -35,7 +41,11 @@ from bear.common.call_streams import CallFailed, CallStream, StreamedMethod
 from bear.v1 import router_pb2, router_pb2_grpc
 
 DEFAULT_TIMEOUT_S = 1.0
+MAX_TIMEOUT_S = 1e6  # gRPC's deadline arithmetic overflows past ~1e9 s, and the call then fails at once
 STREAMED_REQUEST_BYTES = 256 * 1024  # larger Route requests (long prompts) go unary
+# The router may restart (a rollout): find it again within about a second, not after gRPC's back-off of up to 2 min.
+CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+                   ("grpc.max_reconnect_backoff_ms", 1000))
 ROUTE_STREAM = f"/{router_pb2.DESCRIPTOR.services_by_name['Router'].full_name}/RouteStream"
 
 
@@ -69,10 +79,15 @@ def route_request(*, prompt: str | None, prompt_tokens: int | None, ttft_slo_ms:
     """The RouteRequest of these arguments; exactly one of `prompt` and `prompt_tokens`."""
     if (prompt is None) == (prompt_tokens is None):
         raise ValueError("give either prompt (the text) or prompt_tokens (a length-only query), not both")
-    if prompt_tokens is not None and not 0 <= prompt_tokens < 1 << 32:  # what a uint32 holds; the router checks > 0
+    # what a uint32 holds; the router checks > 0
+    if prompt_tokens is not None and (not _is_integer(prompt_tokens) or not 0 <= prompt_tokens < 1 << 32):
         raise ValueError(f"prompt_tokens must be a number of tokens, got {prompt_tokens!r}")
     if isinstance(allowed_models, str):
         raise ValueError(f"allowed_models is a sequence of model names, got the string {allowed_models!r}")
+    _require_number("ttft_slo_ms", ttft_slo_ms)
+    for name, value in (("lambda_per_micro_usd", lambda_per_micro_usd), ("delta_per_s", delta_per_s)):
+        if value is not None:
+            _require_number(name, value)
     request = router_pb2.RouteRequest(request_id=request_id, ttft_slo_ms=ttft_slo_ms, policy=policy,
                                       allowed_models=list(allowed_models))
     if prompt is not None:
@@ -88,18 +103,30 @@ def route_request(*, prompt: str | None, prompt_tokens: int | None, ttft_slo_ms:
 
 def outcome_report(request_id: str, observed_ttft_ms: float, output_tokens: int,
                    observed_e2e_ms: float) -> router_pb2.OutcomeReport:
-    if not 0 <= output_tokens < 1 << 32:
+    if not _is_integer(output_tokens) or not 0 <= output_tokens < 1 << 32:
         raise ValueError(f"output_tokens must be a number of tokens >= 0, got {output_tokens!r}")
+    _require_number("observed_ttft_ms", observed_ttft_ms)
+    _require_number("observed_e2e_ms", observed_e2e_ms)
     return router_pb2.OutcomeReport(request_id=request_id, observed_ttft_ms=observed_ttft_ms,
                                     output_tokens=output_tokens, observed_e2e_ms=observed_e2e_ms)
+
+
+def _is_integer(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _require_number(name: str, value: object) -> None:
+    """A value the router reads as a number (protobuf would take None as 0, and raise TypeError on a string)."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise ValueError(f"{name} must be a number, got {value!r}")
 
 
 def deadline_s(timeout_s: float | None, default_s: float) -> float:
     """A call's deadline: `timeout_s`, or the client's `default_s` when None."""
     chosen = default_s if timeout_s is None else timeout_s
-    if not (math.isfinite(chosen) and chosen > 0):
-        raise ValueError(f"timeout_s must be a positive number of seconds, got {chosen!r}")
-    return chosen
+    if not isinstance(chosen, numbers.Real) or not (math.isfinite(chosen) and 0 < chosen <= MAX_TIMEOUT_S):
+        raise ValueError(f"timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], got {chosen!r}")
+    return float(chosen)
 
 
 def error_of(error: grpc.RpcError | CallFailed) -> RouterError:
@@ -109,9 +136,15 @@ def error_of(error: grpc.RpcError | CallFailed) -> RouterError:
         code = error.code()  # type: ignore[attr-defined]
         message = error.details() or ""  # type: ignore[attr-defined]
     kind = {grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest, grpc.StatusCode.ALREADY_EXISTS: DuplicateRequest,
+            grpc.StatusCode.RESOURCE_EXHAUSTED: InvalidRequest,  # a message over the router's size limit
             grpc.StatusCode.UNAVAILABLE: RouterUnavailable,
+            grpc.StatusCode.CANCELLED: RouterUnavailable,  # by the router: it is shutting down (ours: closed())
             grpc.StatusCode.DEADLINE_EXCEEDED: RouterTimeout}.get(code, RouterError)
     return kind(code, message)
+
+
+def _closed() -> RouterError:
+    return RouterError(grpc.StatusCode.CANCELLED, "the client is closed")
 
 
 class RouterClient:
@@ -123,9 +156,10 @@ class RouterClient:
         if (address is None) == (channel is None):
             raise ValueError("give either address or channel")
         self._own = channel is None
-        self._channel = channel or grpc.insecure_channel(address)  # type: ignore[arg-type]
+        self._channel = channel or grpc.insecure_channel(address, options=CHANNEL_OPTIONS)  # type: ignore[arg-type]
         self._stub = router_pb2_grpc.RouterStub(self._channel)
         self._timeout_s = deadline_s(timeout_s, DEFAULT_TIMEOUT_S)
+        self._closed = False
 
     def route(self, prompt: str | None = None, *, ttft_slo_ms: float, prompt_tokens: int | None = None,
               policy: str = "", allowed_models: Sequence[str] = (), request_id: str = "",
@@ -134,20 +168,33 @@ class RouterClient:
         request = route_request(prompt=prompt, prompt_tokens=prompt_tokens, ttft_slo_ms=ttft_slo_ms, policy=policy,
                                 allowed_models=allowed_models, request_id=request_id,
                                 lambda_per_micro_usd=lambda_per_micro_usd, delta_per_s=delta_per_s)
+        if self._closed:
+            raise _closed()
         try:
             return self._stub.Route(request, timeout=deadline_s(timeout_s, self._timeout_s))
         except grpc.RpcError as error:
             raise error_of(error) from None
+        except ValueError:  # "Cannot invoke RPC on closed channel!": closed by another thread meanwhile
+            if self._closed:
+                raise _closed() from None
+            raise
 
     def report_outcome(self, request_id: str, *, observed_ttft_ms: float, output_tokens: int = 0,
                        observed_e2e_ms: float = 0.0, timeout_s: float | None = None) -> router_pb2.OutcomeAck:
         report = outcome_report(request_id, observed_ttft_ms, output_tokens, observed_e2e_ms)
+        if self._closed:
+            raise _closed()
         try:
             return self._stub.ReportOutcome(report, timeout=deadline_s(timeout_s, self._timeout_s))
         except grpc.RpcError as error:
             raise error_of(error) from None
+        except ValueError:  # as in route
+            if self._closed:
+                raise _closed() from None
+            raise
 
     def close(self) -> None:
+        self._closed = True
         if self._own:
             self._channel.close()
 
@@ -160,20 +207,26 @@ class RouterClient:
 
 
 class AsyncRouterClient:
-    """asyncio client (create it inside the event loop that uses it). Route calls go over one stream of calls
-    (`streamed`, the default) or are unary."""
+    """asyncio client, created inside the event loop that uses it (its channel belongs to that loop: a RuntimeError
+    says so otherwise). Route calls go over one stream of calls (`streamed`, the default) or are unary."""
 
     def __init__(self, address: str | None = None, *, channel: grpc.aio.Channel | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, streamed: bool = True) -> None:
         if (address is None) == (channel is None):
             raise ValueError("give either address or channel")
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError("AsyncRouterClient must be created inside the event loop that uses it (in a "
+                               "coroutine); RouterClient is the blocking client") from None
         self._own = channel is None
-        self._channel = channel or grpc.aio.insecure_channel(address)  # type: ignore[arg-type]
+        self._channel = channel or grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)  # type: ignore[arg-type]
         self._stub = router_pb2_grpc.RouterStub(self._channel)
         stream = CallStream(self._channel, ROUTE_STREAM, router_pb2.RouteCall, router_pb2.RouteResult) if streamed \
             else None
         self._route = StreamedMethod(self._stub.Route, stream)
         self._timeout_s = deadline_s(timeout_s, DEFAULT_TIMEOUT_S)
+        self._is_closed = False
 
     async def route(self, prompt: str | None = None, *, ttft_slo_ms: float, prompt_tokens: int | None = None,
                     policy: str = "", allowed_models: Sequence[str] = (), request_id: str = "",
@@ -183,29 +236,51 @@ class AsyncRouterClient:
                                 allowed_models=allowed_models, request_id=request_id,
                                 lambda_per_micro_usd=lambda_per_micro_usd, delta_per_s=delta_per_s)
         deadline = deadline_s(timeout_s, self._timeout_s)
+        self._check_usable()
         try:
             if request.ByteSize() > STREAMED_REQUEST_BYTES:
                 return await self._stub.Route(request, timeout=deadline)
             return await self._route(request, deadline)
         except (CallFailed, grpc.RpcError) as error:
             raise error_of(error) from None
-        except grpc.aio.UsageError as error:  # the channel is closed
-            raise RouterError(grpc.StatusCode.CANCELLED, str(error)) from None
+        except grpc.aio.UsageError:  # the channel is closed
+            raise _closed() from None
+        except asyncio.CancelledError:
+            raise self._cancelled() from None
 
     async def report_outcome(self, request_id: str, *, observed_ttft_ms: float, output_tokens: int = 0,
                              observed_e2e_ms: float = 0.0, timeout_s: float | None = None) -> router_pb2.OutcomeAck:
         report = outcome_report(request_id, observed_ttft_ms, output_tokens, observed_e2e_ms)
+        deadline = deadline_s(timeout_s, self._timeout_s)
+        self._check_usable()
         try:
-            return await self._stub.ReportOutcome(report, timeout=deadline_s(timeout_s, self._timeout_s))
+            return await self._stub.ReportOutcome(report, timeout=deadline)
         except grpc.RpcError as error:
             raise error_of(error) from None
-        except grpc.aio.UsageError as error:  # the channel is closed
-            raise RouterError(grpc.StatusCode.CANCELLED, str(error)) from None
+        except grpc.aio.UsageError:  # the channel is closed
+            raise _closed() from None
+        except asyncio.CancelledError:
+            raise self._cancelled() from None
 
     async def close(self) -> None:
+        self._is_closed = True
         await self._route.close()
         if self._own:
             await self._channel.close()
+
+    def _check_usable(self) -> None:
+        if self._is_closed:
+            raise _closed()
+        if asyncio.get_running_loop() is not self._loop:
+            raise RuntimeError("this AsyncRouterClient belongs to another event loop: create one in each loop")
+
+    def _cancelled(self) -> BaseException:
+        """A call of a closed channel ends in CancelledError, in a task nobody cancelled: that is the client's
+        close, said as such; a cancellation of the caller's own task stays one."""
+        task = asyncio.current_task()
+        if task is not None and task.cancelling() == 0:
+            return _closed()
+        return asyncio.CancelledError()
 
     async def __aenter__(self) -> AsyncRouterClient:
         return self

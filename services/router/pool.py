@@ -127,12 +127,15 @@ class InstancePool:
 
     def select(self, allowed_models: Iterable[str]) -> tuple[InstanceInfo, ...]:
         """The ready instances serving one of `allowed_models` (all if empty). An allowed model the router has never
-        heard of is an InvalidQuery; a known model with no ready instance just selects nothing."""
+        heard of, while it knows some, is an InvalidQuery; a known model with no ready instance, or any model before
+        the router has heard of one (a pool still starting), just selects nothing."""
         allowed = tuple(allowed_models)
         instances = self.instances()
         if not allowed:
             return instances
         known = self.known_models()
+        if not known:
+            return ()
         for model in allowed:
             if not any(same_model(model, k) for k in known):
                 raise InvalidQuery("allowed_models", f"unknown model {shown(model)}; the pool serves: "

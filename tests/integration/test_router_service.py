@@ -154,9 +154,26 @@ def test_the_asyncio_client_sends_a_long_request_unary_and_refuses_calls_once_cl
 
     *good, big, closed_route, closed_report = asyncio.run(calls())
     assert all(isinstance(d, router_pb2.RouteDecision) for d in good)
-    assert isinstance(big, RouterError) and big.code is grpc.StatusCode.RESOURCE_EXHAUSTED  # gRPC's own limit
+    assert isinstance(big, InvalidRequest) and big.code is grpc.StatusCode.RESOURCE_EXHAUSTED  # gRPC's own limit
     for error in (closed_route, closed_report):
         assert isinstance(error, RouterError) and error.code is grpc.StatusCode.CANCELLED
+
+
+def test_closing_the_asyncio_client_fails_its_calls_in_flight_as_router_errors(stack: RouterStack) -> None:
+    """Unary calls of a closed channel end in CancelledError in tasks nobody cancelled: a gather or TaskGroup would
+    take it for the caller's own cancellation."""
+    async def calls() -> list[object]:
+        client = AsyncRouterClient(stack.address, streamed=False)
+        await client.route("Warm up.", ttft_slo_ms=250.0)
+        in_flight = [asyncio.ensure_future(client.route(f"Summarize {i}.", ttft_slo_ms=250.0)) for i in range(20)]
+        in_flight.append(asyncio.ensure_future(client.report_outcome("r", observed_ttft_ms=1.0)))
+        await asyncio.sleep(0)
+        await client.close()
+        return await asyncio.gather(*in_flight, return_exceptions=True)
+
+    outcomes = asyncio.run(calls())
+    assert not any(isinstance(o, asyncio.CancelledError) for o in outcomes), outcomes
+    assert all(isinstance(o, (router_pb2.RouteDecision, router_pb2.OutcomeAck, RouterError)) for o in outcomes)
 
 
 def test_the_asyncio_client_can_make_unary_calls(stack: RouterStack) -> None:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 
 from bear.router.client import (
+    CHANNEL_OPTIONS,
+    AsyncRouterClient,
     DuplicateRequest,
     InvalidRequest,
     RouterClient,
@@ -39,7 +43,11 @@ def test_a_request_carries_the_text_or_the_length_and_only_the_optionals_given()
 
 @pytest.mark.parametrize(("fields", "named"), [({"prompt_tokens": -1}, "prompt_tokens"),
                                                ({"prompt_tokens": 1 << 40}, "prompt_tokens"),
-                                               ({"prompt": "hi", "allowed_models": "Qwen3-8B"}, "allowed_models")])
+                                               ({"prompt_tokens": 3.5}, "prompt_tokens"),
+                                               ({"prompt": "hi", "allowed_models": "Qwen3-8B"}, "allowed_models"),
+                                               ({"prompt": "hi", "ttft_slo_ms": None}, "ttft_slo_ms"),
+                                               ({"prompt": "hi", "ttft_slo_ms": "500"}, "ttft_slo_ms"),
+                                               ({"prompt": "hi", "delta_per_s": "2"}, "delta_per_s")])
 def test_arguments_that_cannot_make_a_request_are_refused_naming_them(fields: dict[str, object], named: str) -> None:
     with pytest.raises(ValueError, match=named):
         request(**fields)
@@ -47,13 +55,15 @@ def test_arguments_that_cannot_make_a_request_are_refused_naming_them(fields: di
 
 def test_deadlines_are_positive_and_none_means_the_clients() -> None:
     assert deadline_s(None, 1.5) == 1.5 and deadline_s(0.2, 1.5) == 0.2
-    for bad in (0.0, -1.0, float("nan")):
+    for bad in (0.0, -1.0, float("nan"), 1e10, "1"):  # 1e10 s: gRPC's deadline overflows and fails the call at once
         with pytest.raises(ValueError, match="timeout_s"):
-            deadline_s(bad, 1.5)
+            deadline_s(bad, 1.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="timeout_s"):
         RouterClient("localhost:1", timeout_s=0)
-    with pytest.raises(ValueError, match="output_tokens"):
-        outcome_report("r", 10.0, -1, 0.0)
+    for ttft, tokens, named in ((10.0, -1, "output_tokens"), (10.0, 3.5, "output_tokens"),
+                                (10.0, None, "output_tokens"), (None, 3, "observed_ttft_ms")):
+        with pytest.raises(ValueError, match=named):
+            outcome_report("r", ttft, tokens, 0.0)  # type: ignore[arg-type]
 
 
 class _Error(grpc.RpcError):
@@ -70,9 +80,36 @@ class _Error(grpc.RpcError):
 @pytest.mark.parametrize(("code", "kind"), [(grpc.StatusCode.INVALID_ARGUMENT, InvalidRequest),
                                             (grpc.StatusCode.ALREADY_EXISTS, DuplicateRequest),
                                             (grpc.StatusCode.UNAVAILABLE, RouterUnavailable),
+                                            (grpc.StatusCode.CANCELLED, RouterUnavailable),  # router shutting down
+                                            (grpc.StatusCode.RESOURCE_EXHAUSTED, InvalidRequest),  # too large
                                             (grpc.StatusCode.DEADLINE_EXCEEDED, RouterTimeout),
                                             (grpc.StatusCode.INTERNAL, RouterError)])
 def test_status_codes_become_exceptions(code: grpc.StatusCode, kind: type) -> None:
     error = error_of(_Error(code))
     assert type(error) is kind and error.code is code and error.message == "ttft_slo_ms: must be positive"
     assert str(error) == f"{code.name}: ttft_slo_ms: must be positive"
+
+
+def test_the_blocking_client_once_closed_says_so() -> None:
+    client = RouterClient("localhost:1")
+    client.close()
+    for call in (lambda: client.route("hi", ttft_slo_ms=500.0), lambda: client.report_outcome("r", observed_ttft_ms=1)):
+        with pytest.raises(RouterError) as raised:
+            call()
+        assert raised.value.code is grpc.StatusCode.CANCELLED and "closed" in raised.value.message
+
+
+def test_the_asyncio_client_belongs_to_the_loop_it_was_made_in() -> None:
+    with pytest.raises(RuntimeError, match="inside the event loop"):
+        AsyncRouterClient("localhost:1")
+
+    async def make() -> AsyncRouterClient:
+        return AsyncRouterClient("localhost:1")
+
+    client = asyncio.run(make())
+    with pytest.raises(RuntimeError, match="another event loop"):
+        asyncio.run(client.route("hi", ttft_slo_ms=500.0))
+
+
+def test_the_clients_channel_finds_a_restarted_router_within_a_second() -> None:
+    assert dict(CHANNEL_OPTIONS)["grpc.max_reconnect_backoff_ms"] <= 1000

@@ -139,3 +139,9 @@ def test_a_query_refused_while_deciding_is_no_error_of_the_routers_on_its_span()
         route(harness)
     failed = next(s for s in harness.spans.get_finished_spans() if s.name == "bear.route")
     assert not failed.status.is_ok and [e.name for e in failed.events] == ["exception"]
+
+
+def test_before_any_instance_registered_an_allowed_model_is_unavailable_not_unknown() -> None:
+    harness = make_router(instances=())
+    with pytest.raises(NoInstances, match="no ready instance serves Qwen3-8B"):
+        route(harness, allowed_models=("Qwen3-8B",))
