@@ -12,7 +12,11 @@ to the least loaded instance and floods them all in turn, so the fallback is a p
 - `shed`: refuse the query (`Decision.SHED`) when even the lowest estimate exceeds `shed_ratio` × τ; otherwise
   `min-ttft`.
 
-A candidate without an estimate is treated as infeasible.
+A candidate without an estimate is treated as infeasible, unless its instance is idle (nothing running or waiting in
+its latest snapshot; `explore_idle`): an idle instance serves a query at once, and that is how an instance with no
+calibration to estimate from — whose model no calibrated instance serves yet, in a fresh pool — gets the steps its
+sidecar fits eq. 12 from. (An instance only short of its own fit is estimated with a calibrated peer's; once busy, an
+instance without an estimate is infeasible again.)
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ class Bear:
     safety: float = 1.0  # feasibility requires safety · TTFT ≤ τ
     fallback: str = "min-ttft"
     shed_ratio: float = 2.0  # `shed`: refuse when the best TTFT exceeds shed_ratio · τ
+    explore_idle: bool = True  # an idle instance without an estimate counts as feasible
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.safety) and self.safety > 0):
@@ -51,14 +56,18 @@ class Bear:
         feasible = [s for s in scores if s.feasible]
         if feasible:
             chosen = best(feasible)
-            return Choice(chosen.instance_id, Decision.ROUTE, "best utility among instances meeting the TTFT target",
-                          scores)
+            why = "best utility among instances meeting the TTFT target"
+            if chosen.ttft_s is None:
+                why += " (an idle instance without a TTFT estimate yet: explored)"
+            return Choice(chosen.instance_id, Decision.ROUTE, why, scores)
         return self._fallback(request, scores)
 
     def _score(self, request: RouteRequest, candidate: Candidate) -> Score:
         utility = candidate.utility(request.lambda_per_micro_usd)
         ttft = candidate.ttft_s(self.estimator) if self.estimator else None
         feasible = ttft is not None and self.safety * ttft <= request.ttft_slo_s
+        if ttft is None and self.explore_idle and candidate.signals.num_resident == 0:
+            feasible = True
         return Score(candidate.instance_id, utility, utility, ttft, feasible)
 
     def _fallback(self, request: RouteRequest, scores: tuple[Score, ...]) -> Choice:

@@ -9,6 +9,11 @@ the first replayed step, and requests dispatched since the snapshot join the que
 ahead of the query. Residents' remaining output lengths come from their predicted length at dispatch, conditioned on
 what they have generated (`RemainingTokens`). A missing or too old snapshot falls back to the LPS closed form.
 
+An instance whose sidecar has no eq. 12 fit yet (a new replica, a replaced pod: its engine has executed too few
+steps) is replayed with the coefficients of a calibrated peer — the same model on an engine of the same settings and
+about the same KV cache, so the same hardware — and says so in the estimate's reason: without it a latency-aware
+policy would never send it the queries whose steps its sidecar needs to fit.
+
 The estimator service (`bear.estimator.snapshot_feed`) resolves residents' remaining lengths before it adopts a
 snapshot (`resident_lengths` gives the inputs, the `remaining` passed to `update_snapshot` the answers), so that
 adopting a snapshot never waits on the predictor. An instance id the estimator does not know is answered NONE.
@@ -22,6 +27,7 @@ gives way to a greater sequence number too.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import enum
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -43,6 +49,7 @@ from bear.v1 import snapshot_pb2
 RemainingTokens = Callable[[str, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
 MAX_CLOCK_AHEAD_S = 5.0  # how far a snapshot's times may be ahead of the estimator's clock (hosts' clock skew)
+PEER_KV_BLOCKS_TOLERANCE = 0.1  # a peer's KV cache may differ by this fraction (the same GPU and memory share)
 
 
 class Method(enum.StrEnum):
@@ -231,25 +238,42 @@ class Estimator:
             if snapshot is not None:
                 # An idle engine writes nothing new: its state is as old as the last time it was found current.
                 age = now_s - max(snapshot.taken_at_s, snapshot.read_at_s)
-            if snapshot is None or instance.calibration is None or age is None or age > self._max_age_s:
+            calibration, borrowed_from = instance.calibration, ""
+            if calibration is None and snapshot is not None and age is not None and age <= self._max_age_s:
+                borrowed_from, calibration = self._peer_calibration(instance_id, instance, snapshot)
+            if snapshot is None or calibration is None or age is None or age > self._max_age_s:
                 estimates[instance_id] = self._fallback(instance_id, instance, query, age)
                 continue
-            replayable.append(instance_id)
+            replayable.append((instance_id, calibration, borrowed_from))
             ages.append(age)
-            targets.append(self._target(instance, snapshot, query, now_s - snapshot.taken_at_s))
-        for instance_id, age, target, result in zip(replayable, ages, targets,
-                                                    _replay_each(query, targets, horizon_s), strict=True):
+            targets.append(self._target(instance, calibration, snapshot, query, now_s - snapshot.taken_at_s))
+        for (instance_id, calibration, borrowed_from), age, target, result in zip(
+                replayable, ages, targets, _replay_each(query, targets, horizon_s), strict=True):
             if isinstance(result, InvalidState):
                 estimates[instance_id] = TtftEstimate(instance_id, None, Method.NONE, age,
                                                       reason=f"cannot replay: {result}")
                 continue
-            estimates[instance_id] = self._from_replay(instance_id, self._instance(instance_id), target, query, age,
-                                                       result)
+            estimate = self._from_replay(instance_id, calibration, target, query, age, result)
+            if borrowed_from:
+                why = f"not calibrated yet: eq. 12 coefficients of {borrowed_from} (same model and engine)"
+                estimate = dataclasses.replace(estimate, reason=f"{why}; {estimate.reason}" if estimate.reason else why)
+            estimates[instance_id] = estimate
         return [estimates[i] for i in ids]
 
-    def _target(self, instance: _Instance, snapshot: snapshot_pb2.InstanceSnapshot, query: Query,
-                since_taken_s: float) -> Target:
-        assert instance.prepared is not None and instance.calibration is not None
+    def _peer_calibration(self, instance_id: str, instance: _Instance, snapshot: snapshot_pb2.InstanceSnapshot
+                          ) -> tuple[str, Calibration | None]:
+        """The eq. 12 calibration (without the LPS measurements, which are the instance's own) of the first known
+        calibrated instance that serves the same model on an engine of the same settings and about the same KV cache;
+        ("", None) if there is none."""
+        for other_id, other in self._instances.items():
+            if (other_id != instance_id and other.calibration is not None and other.snapshot is not None
+                    and other.model == instance.model and _same_engine(other.snapshot.engine, snapshot.engine)):
+                return other_id, Calibration(other.calibration.coefficients, other.calibration.prefill_tokens_per_s)
+        return "", None
+
+    def _target(self, instance: _Instance, calibration: Calibration, snapshot: snapshot_pb2.InstanceSnapshot,
+                query: Query, since_taken_s: float) -> Target:
+        assert instance.prepared is not None
         known = instance.prepared.id_set
         arrivals = tuple(
             Arrival(d.dispatched_at_s - snapshot.taken_at_s,
@@ -258,14 +282,13 @@ class Estimator:
             if d.request_id not in known and d.request_id != query.id
             and 0 < d.num_prompt_tokens < snapshot.engine.max_model_len  # vLLM rejects longer prompts at once
         )
-        return Target(instance.prepared, instance.calibration.coefficients, query_time_s=since_taken_s,
-                      in_flight_s=in_flight_s(snapshot, instance.calibration.coefficients), arrivals=arrivals)
+        return Target(instance.prepared, calibration.coefficients, query_time_s=since_taken_s,
+                      in_flight_s=in_flight_s(snapshot, calibration.coefficients), arrivals=arrivals)
 
-    def _from_replay(self, instance_id: str, instance: _Instance, target: Target, query: Query, age: float,
+    def _from_replay(self, instance_id: str, calibration: Calibration, target: Target, query: Query, age: float,
                      result) -> TtftEstimate:  # noqa: ANN001 - bear.core.result.ReplayResult
         prefill_tps = None
-        calibration = instance.calibration
-        if calibration is not None and calibration.prefill_tokens_per_s:
+        if calibration.prefill_tokens_per_s:
             prefill_tps = prefill_throughput_ttft_s(target.prepared.state, query, calibration.prefill_tokens_per_s)
         if result.status is ReplayStatus.FIRST_TOKEN:
             ttft, lower = result.ttft_s, False
@@ -320,6 +343,16 @@ class Estimator:
             return self._instances[instance_id]
         except KeyError:
             raise KeyError(f"unknown instance {instance_id!r}") from None
+
+
+def _same_engine(a: snapshot_pb2.EngineConfig, b: snapshot_pb2.EngineConfig) -> bool:
+    """Engines whose steps take the same time for the same batch: the same scheduling settings, and KV caches within
+    PEER_KV_BLOCKS_TOLERANCE of each other (the same GPU and memory share; vLLM sizes the cache from what is free)."""
+    scheduling = ("max_num_batched_tokens", "max_num_seqs", "block_size", "max_model_len", "async_scheduling")
+    if any(getattr(a, name) != getattr(b, name) for name in scheduling):
+        return False
+    larger = max(a.num_gpu_blocks, b.num_gpu_blocks)
+    return larger > 0 and abs(a.num_gpu_blocks - b.num_gpu_blocks) <= PEER_KV_BLOCKS_TOLERANCE * larger
 
 
 def _replay_each(query: Query, targets: list[Target], horizon_s: float) -> list:  # ReplayResult | InvalidState

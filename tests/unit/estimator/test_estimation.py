@@ -12,7 +12,7 @@ from bear.core.replay import estimate, prepare
 from bear.core.state import Arrival, InvalidState, Query, ResidentRequest
 from bear.core.wire import state_from_snapshot
 from bear.estimator.estimation import MAX_CLOCK_AHEAD_S, Calibration, Dispatch, Estimator, Method, supersedes
-from tests.estimator_builders import COEFFICIENTS, decoding, queued, snapshot
+from tests.estimator_builders import COEFFICIENTS, decoding, engine, queued, snapshot
 
 NOW = 1000.0
 
@@ -147,3 +147,24 @@ def test_snapshots_are_ordered_by_taken_time_and_by_sequence_while_held_ahead_of
         held: tuple[float, int], offered: tuple[float, int], newer: bool) -> None:
     current = snapshot("a", held[0], sequence_number=held[1], read_at_s=NOW)
     assert supersedes(snapshot("a", offered[0], sequence_number=offered[1]), current, NOW) is newer
+
+
+def test_an_instance_not_calibrated_yet_is_replayed_with_a_calibrated_peers_coefficients() -> None:
+    """A new replica (or a replaced pod) has no eq. 12 fit until its engine has run enough steps: with NONE a
+    latency-aware policy would never send it those steps."""
+    estimator = estimator_with(snapshot("old", NOW, [decoding("r1")]))
+    new = snapshot("new", NOW, [decoding("r2")])
+    other_model = snapshot("other", NOW, [decoding("r3")], model="m2")
+    smaller = engine()
+    smaller.num_gpu_blocks //= 2  # another GPU, or another memory share
+    other_engine = snapshot("small-cache", NOW, [decoding("r4")], engine_config=smaller)
+    for message in (new, other_model, other_engine):
+        estimator.add_instance(message.instance_id, message.model)
+        estimator.update_snapshot(message, NOW)
+    old, borrowed, alone, unlike = estimator.estimate(Query("q", 100, 10), ["old", "new", "other", "small-cache"],
+                                                      NOW)
+    assert borrowed.method is Method.REPLAY and borrowed.ttft_s == pytest.approx(old.ttft_s)
+    assert "not calibrated yet: eq. 12 coefficients of old" in borrowed.reason
+    assert alone.method is Method.NONE and unlike.method is Method.NONE
+    estimator.set_calibration("new", Calibration(COEFFICIENTS))  # its own fit arrives
+    assert estimator.estimate(Query("q", 100, 10), ["new"], NOW)[0].reason == ""

@@ -49,6 +49,22 @@ def test_bear_follows_eq5_and_its_fallback(instances, params, expected):
     assert choice.reason
 
 
+def test_bear_explores_an_idle_instance_without_an_estimate_and_only_while_idle():
+    """A fresh pool: no instance of the 0.6B has a calibration to estimate from; the others are past the target."""
+    rows = [candidate("busy", 0.9, ttft=3.0), candidate("fresh", 0.5, running=0, waiting=0)]
+    choice = choose("bear", rows, request(1.0))
+    assert choice.instance_id == "fresh" and "explored" in choice.reason
+    assert [(s.ttft_s, s.feasible) for s in choice.scores] == [(3.0, False), (None, True)]
+    for running, waiting in ((1, 0), (0, 2), (None, None)):  # busy, or no snapshot to tell: infeasible
+        rows = [candidate("busy", 0.9, ttft=3.0), candidate("fresh", 0.5, running=running, waiting=waiting)]
+        assert choose("bear", rows, request(1.0)).instance_id == "busy"
+    rows = [candidate("busy", 0.9, ttft=3.0), candidate("fresh", 0.5, running=0, waiting=0)]
+    assert choose("bear", rows, request(1.0), explore_idle=False).instance_id == "busy"
+    # an idle instance without an estimate competes on utility with those meeting the target
+    rows = [candidate("good", 0.9, ttft=0.2), candidate("fresh", 0.5, running=0, waiting=0)]
+    assert choose("bear", rows, request(1.0)).instance_id == "good"
+
+
 def test_bear_records_each_estimate_and_its_feasibility():
     choice = choose("bear", _instances([(0.9, 2.0), (0.7, 0.5), (0.8, None)]), request(1.0))
 
