@@ -12,6 +12,8 @@ to the least loaded instance and floods them all in turn, so the fallback is a p
 - `shed`: refuse the query (`Decision.SHED`) when even the lowest estimate exceeds `shed_ratio` × τ; otherwise
   `min-ttft`.
 
+Among feasible instances of equal utility (replicas of one pool), the lower TTFT wins, then the first candidate.
+
 A candidate without an estimate is treated as infeasible, unless its instance is idle (nothing running or waiting in
 its latest snapshot; `explore_idle`): an idle instance serves a query at once, and that is how an instance with no
 calibration to estimate from — whose model no calibrated instance serves yet, in a fresh pool — gets the steps its
@@ -55,7 +57,10 @@ class Bear:
         scores = tuple(self._score(request, c) for c in candidates)
         feasible = [s for s in scores if s.feasible]
         if feasible:
-            chosen = best(feasible)
+            # Equal utilities (replicas of one pool) go to the lower TTFT, so that replicas share the load instead of
+            # the first taking every query while it meets the target; an idle instance without an estimate counts as
+            # the fastest.
+            chosen = max(feasible, key=lambda s: (s.score, -(s.ttft_s or 0.0)))
             why = "best utility among instances meeting the TTFT target"
             if chosen.ttft_s is None:
                 why += " (an idle instance without a TTFT estimate yet: explored)"

@@ -14,7 +14,8 @@ BEAR_CASES = [
     # id, instances, params, expected instance (None: shed)
     ("best utility among feasible", [(0.9, 2.0), (0.7, 0.5), (0.8, 0.9)], {}, "c"),
     ("all feasible: best utility", [(0.9, 0.1), (0.7, 0.2)], {}, "a"),
-    ("feasible tie: first candidate", [(0.8, 0.5), (0.8, 0.2)], {}, "a"),
+    ("feasible tie: lower TTFT (replicas share the load)", [(0.8, 0.5), (0.8, 0.2)], {}, "b"),
+    ("feasible tie, equal TTFTs: first candidate", [(0.8, 0.2), (0.8, 0.2)], {}, "a"),
     ("TTFT equal to the target is feasible", [(0.9, 1.0), (0.5, 0.1)], {}, "a"),
     ("no estimate is infeasible", [(0.9, None), (0.5, 0.5)], {}, "b"),
     ("NaN estimate is infeasible", [(0.9, math.nan), (0.5, 0.5)], {}, "b"),
