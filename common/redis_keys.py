@@ -1,7 +1,8 @@
 """What BEAR keeps in Redis, by name. Values are serialised bear.v1 messages (protobuf binary); everything can be lost
 and is rebuilt within one snapshot interval.
 
-    bear:instances                 sorted set: instance id → time of its last refresh (Unix seconds)
+    bear:instances                 sorted set: instance id → time of its last refresh (Unix seconds); an entry
+                                   not refreshed for INSTANCES_WINDOW_S is stale: readers skip it, routers remove it
     bear:instance:<id>             InstanceRegistration, with a TTL refreshed while the instance lives
     bear:snapshot:<id>             InstanceSnapshot, the latest one, with the same TTL
     bear:coefficients:<id>         BatchTimeCoefficients, the latest fit, with the same TTL
@@ -9,11 +10,15 @@ and is rebuilt within one snapshot interval.
     bear:dispatch:<request id>     DispatchRecord of a routed query (router → estimator), with a TTL (DISPATCH_TTL_S)
     bear:dispatches:<id>           sorted set: request ids routed to the instance → dispatch time (Unix seconds);
                                    entries older than DISPATCH_TTL_S are trimmed by the writer
+    bear:present                   "1", no TTL, set by routers: missing, Redis is new or came back empty (its
+                                   instances register again within their heartbeat)
 """
 
 from __future__ import annotations
 
 INSTANCES = "bear:instances"
+INSTANCES_WINDOW_S = 600.0  # an instance whose entry in INSTANCES is older is gone (a pod long replaced)
+PRESENT = "bear:present"
 DISPATCH_TTL_S = 600.0  # a dispatch record outlives any request BEAR estimates for
 SNAPSHOTS_CHANNEL = "bear:snapshots"
 

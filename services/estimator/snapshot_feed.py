@@ -69,7 +69,7 @@ class FeedSettings:
     dispatch_poll_interval_s: float = 0.05
     redis_deadline_s: float = 1.0
     forget_after_s: float = 60.0
-    instances_window_s: float = 600.0
+    instances_window_s: float = redis_keys.INSTANCES_WINDOW_S
     lps_window_s: float = 60.0
 
 

@@ -26,7 +26,8 @@ without BEAR_, in lower case, e.g. `default_policy: bear`):
     BEAR_ROUTER_DEFAULT_OUTPUT_TOKENS  predicted length without a prediction (default 256)
     BEAR_ROUTER_TOKENIZER              counts prompt tokens for the estimator: qwen (default) or pretokens
     BEAR_ROUTER_REFRESH_S              how often instance registrations are re-read from Redis (default 1)
-    BEAR_ROUTER_FORGET_AFTER_S         a registration gone from Redis is still routed to this long (default 15)
+    BEAR_ROUTER_FORGET_AFTER_S         after Redis came back empty, its instances are still routed to this long
+                                       (default 15)
     BEAR_ROUTER_FALLBACK_SNAPSHOT_AGE_S snapshots older than this give the fallback no queue lengths (default 10)
     BEAR_ROUTER_TTFT_FEEDBACK_WINDOW   outcomes per instance whose median observed − estimated TTFT is added to the
                                        estimator's TTFTs (default 0: off; 64 is a good window; see the router's README)

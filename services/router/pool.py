@@ -6,8 +6,9 @@
 - Without pools, every instance registered in Redis (its snapshotter refreshes the registration with a TTL while the
   instance lives) is a candidate.
 
-A registration missing from Redis is kept for `forget_after_s` after it was last read: a Redis that restarts empty
-is refilled by the snapshotters within their heartbeat, and routing must not stop meanwhile.
+A registration missing from Redis is dropped at once — its sidecar withdrew it (no live engine) or stopped refreshing
+it (the sidecar is gone) — except for `forget_after_s` after Redis was found new or back empty: its snapshotters
+register again within their heartbeat, and routing must not stop meanwhile.
 
 Model names match exactly, or by their last path segment where one of them has no organisation ("Qwen/Qwen3-8B" is
 "Qwen3-8B"), so that a Hugging Face name in the pools and the predictor catalogue's short name meet; two names of
@@ -94,19 +95,22 @@ class InstancePool:
         self._pools = tuple(pools)
         self._forget_after_s = forget_after_s
         self._registrations: dict[str, Registration] = {}
-        self._read_at_s: dict[str, float] = {}  # when each registration was last read
+        # Redis came back empty: the instances held then are kept until their sidecars register them again
+        self._held_at_reset: frozenset[str] = frozenset()
+        self._keep_missing_until_s = -float("inf")
         self._seen: Mapping[str, Instance] | None = None
         self._instances: tuple[InstanceInfo, ...] = ()
         self._models_seen: set[str] = {p.model for p in self._pools}  # every model ever registered or discovered
 
-    def update_registrations(self, found: Mapping[str, Registration], now_s: float) -> None:
-        """The registrations just read from Redis; those not found are kept until `forget_after_s` has passed."""
-        self._read_at_s.update(dict.fromkeys(found, now_s))
-        kept = {i: r for i, r in self._registrations.items()
-                if i not in found and now_s - self._read_at_s[i] <= self._forget_after_s}
+    def update_registrations(self, found: Mapping[str, Registration], now_s: float, redis_new: bool = False) -> None:
+        """The registrations just read from Redis. Those not found are gone, unless Redis is new or came back empty
+        (`redis_new`): then those held at that moment are kept for `forget_after_s`, until their sidecars register
+        them again."""
+        if redis_new:
+            self._held_at_reset, self._keep_missing_until_s = frozenset(self._registrations), now_s + self._forget_after_s
+        kept = {i: r for i, r in self._registrations.items() if i not in found and i in self._held_at_reset} \
+            if now_s <= self._keep_missing_until_s else {}
         registrations = {**kept, **found}
-        for instance_id in self._read_at_s.keys() - registrations.keys():
-            del self._read_at_s[instance_id]
         if registrations != self._registrations:
             self._registrations = registrations
             self._seen = None

@@ -78,7 +78,7 @@ class Store(Protocol):
 
     async def queue_lengths(self, instance_ids: Sequence[str], max_age_s: float) -> dict[str, QueueLengths]: ...
 
-    async def registrations(self) -> dict[str, Registration]: ...
+    async def registrations(self) -> tuple[dict[str, Registration], bool]: ...
 
 
 class NoInstances(Exception):
@@ -386,7 +386,8 @@ class Router:
         """Re-reads the registrations from Redis (kept as they were when Redis fails). Never raises: the first Route
         calls wait for the first refresh, and the refresh loop must outlive anything Redis holds."""
         try:
-            self._pool.update_registrations(await self._store.registrations(), self._clock())
+            found, redis_new = await self._store.registrations()
+            self._pool.update_registrations(found, self._clock(), redis_new)
         except DependencyUnavailable as error:
             self._metrics.dependency_failed("redis", error.code)
         except Exception:  # noqa: BLE001 - a bug or a value no check foresaw: the registrations stay as they were

@@ -5,7 +5,9 @@
                       the TTL are trimmed and the set's own TTL renewed, so it expires with its last entry)
     dispatch          a dispatch record by request id (ReportOutcome on a replica that did not route the query)
     queue_lengths     queue lengths from the latest snapshots (the fallback when the estimator is down)
-    registrations     every registered instance (bear:instances, then bear:instance:<id>)
+    registrations     every registered instance (bear:instances within INSTANCES_WINDOW_S, then bear:instance:<id>;
+                      older entries of bear:instances are removed), and whether Redis is new or came back empty
+                      (bear:present was missing)
 
 Every operation has a deadline (until one has succeeded, at least FIRST_CALL_TIMEOUT_S: the first also opens the
 connection, and the first Route calls wait for the registrations it reads). After a failure the store stops calling
@@ -89,20 +91,28 @@ class RedisStore:
                 queues[instance_id] = queue
         return queues
 
-    async def registrations(self) -> dict[str, Registration]:
-        async def read() -> tuple[list[str], list[bytes | None]]:
-            members = await self._client.zrange(redis_keys.INSTANCES, 0, -1)
+    async def registrations(self) -> tuple[dict[str, Registration], bool]:
+        """The registered instances, and whether this Redis is new or came back empty (then instances missing from
+        it may register again soon; otherwise a missing one was withdrawn or expired)."""
+        async def read() -> tuple[list[str], list[bytes | None], bool]:
+            stale_before = self._clock() - redis_keys.INSTANCES_WINDOW_S
+            pipe = self._client.pipeline(transaction=False)
+            pipe.zremrangebyscore(redis_keys.INSTANCES, "-inf", f"({stale_before}")  # pods long replaced
+            pipe.zrangebyscore(redis_keys.INSTANCES, stale_before, "+inf")
+            pipe.set(redis_keys.PRESENT, b"1", nx=True)
+            _, members, created = await pipe.execute()
             ids = [i for i in (self._decoded(redis_keys.INSTANCES, bytes.decode, m) for m in members) if i]
-            return ids, await self._client.mget([redis_keys.instance_key(i) for i in ids]) if ids else []
+            return ids, await self._client.mget([redis_keys.instance_key(i) for i in ids]) if ids else [], \
+                bool(created)
 
-        ids, payloads = await self._call("registrations", read)
+        ids, payloads, redis_new = await self._call("registrations", read)
         found = {}
         for instance_id, payload in zip(ids, payloads, strict=True):
             registration = None if payload is None else self._decoded(
                 redis_keys.instance_key(instance_id), wire.registration_from_bytes, payload)
             if registration is not None and registration.instance_id:
                 found[registration.instance_id] = registration
-        return found
+        return found, redis_new
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -3,8 +3,10 @@
 Offers never block: the poll loop hands over the latest snapshot or fit and goes back to reading the engine. The
 publishing thread sends the latest of each (an older one still pending is dropped: only the latest matters), with
 the key's TTL, the snapshot also on the pub/sub channel. Every heartbeat it refreshes the registration, the instance's
-entry in the set of instances, and the coefficients. When Redis fails, the thread retries with back-off; offers keep
-replacing what is pending meanwhile, so it resumes with the latest state.
+entry in the set of instances, and the coefficients. A registration withdrawn (the engine is gone) is deleted with
+the instance's snapshot and its entry in the set at once, so that routers stop sending it queries, and no longer
+refreshed. When Redis fails, the thread retries with back-off; offers keep replacing what is pending meanwhile, so it
+resumes with the latest state.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class RedisPublisher:
         self._coefficients: calibration_pb2.BatchTimeCoefficients | None = None  # latest (resent every heartbeat)
         self._coefficients_pending = False
         self._registration: snapshot_pb2.InstanceRegistration | None = None
+        self._withdrawal_pending = False
         self._heartbeat_due_at = 0.0
         self.num_snapshots_published = 0
         self.num_failures = 0
@@ -62,6 +65,14 @@ class RedisPublisher:
         """The registration to refresh every heartbeat (sent at once)."""
         with self._wake:
             self._registration, self._heartbeat_due_at = registration, 0.0
+            self._withdrawal_pending = False
+            self._wake.notify()
+
+    def withdraw_registration(self) -> None:
+        """The instance is gone: its registration, snapshot and entry in the set of instances are deleted (at once,
+        and again after a Redis failure) and no longer refreshed, until `set_registration` names the next engine."""
+        with self._wake:
+            self._registration, self._snapshot, self._withdrawal_pending = None, None, True
             self._wake.notify()
 
     # The publishing thread ----------------------------------------------------------------------------------------
@@ -87,9 +98,14 @@ class RedisPublisher:
                 snapshot, self._snapshot = self._snapshot, None
                 coefficients_pending, self._coefficients_pending = self._coefficients_pending, False
                 heartbeat = self._registration is not None and self._clock() >= self._heartbeat_due_at
+                withdrawal, self._withdrawal_pending = self._withdrawal_pending, False
             try:
+                if withdrawal:
+                    self._withdraw()
                 self._send(snapshot, coefficients_pending, heartbeat)
             except Exception as error:  # noqa: BLE001 - redis.RedisError, OSError: retry with back-off
+                with self._wake:
+                    self._withdrawal_pending = self._withdrawal_pending or (withdrawal and self._registration is None)
                 self._failed(error, snapshot, coefficients_pending)
                 continue
             if self._backoff.failures:
@@ -101,8 +117,16 @@ class RedisPublisher:
                 self._heartbeat_due_at = self._clock() + self._heartbeat_s
 
     def _has_work(self) -> bool:
-        return (self._snapshot is not None or self._coefficients_pending
+        return (self._snapshot is not None or self._coefficients_pending or self._withdrawal_pending
                 or (self._registration is not None and self._clock() >= self._heartbeat_due_at))
+
+    def _withdraw(self) -> None:
+        instance_id = self._instance_id
+        pipe = self._client.pipeline(transaction=False)
+        pipe.delete(redis_keys.instance_key(instance_id), redis_keys.snapshot_key(instance_id))
+        pipe.zrem(redis_keys.INSTANCES, instance_id)
+        pipe.execute()
+        logger.info("instance %s withdrawn from Redis (no live engine)", instance_id)
 
     def _send(self, snapshot: snapshot_pb2.InstanceSnapshot | None, coefficients_pending: bool,
               heartbeat: bool) -> None:

@@ -31,6 +31,7 @@ class Publisher(Protocol):
     def offer_snapshot(self, snapshot: snapshot_pb2.InstanceSnapshot) -> None: ...
     def offer_coefficients(self, coefficients: calibration_pb2.BatchTimeCoefficients) -> None: ...
     def set_registration(self, registration: snapshot_pb2.InstanceRegistration) -> None: ...
+    def withdraw_registration(self) -> None: ...
 
 
 class Snapshotter:
@@ -147,6 +148,11 @@ class Snapshotter:
             if not available:
                 logger.warning("no live engine behind %s (region missing, or no heartbeat for %.0f s): waiting for one",
                                self._reader.path, self._config.engine_timeout_s)
+                # Routers must stop sending it queries now, not when the registration's TTL runs out (it would not:
+                # the heartbeat refreshes it); the next engine registers anew.
+                self._engine_created_at_s = None
+                if self._publisher is not None:
+                    self._publisher.withdraw_registration()
             self._on_availability(available)
 
     def _set_latest(self, snapshot: snapshot_pb2.InstanceSnapshot | None) -> None:

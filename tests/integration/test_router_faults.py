@@ -165,3 +165,24 @@ def test_values_in_redis_that_do_not_decode_are_skipped(tmp_path: Path) -> None:
         assert decision.degraded and decision.policy == "shortest-queue" and decision.instance_id == "medium-0"
     finally:
         stack.close()
+
+
+def test_an_instance_withdrawn_or_expired_is_dropped_at_once_and_stale_entries_are_trimmed(tmp_path: Path) -> None:
+    """Its sidecar withdrew it (no live engine) or stopped refreshing it: queries sent there would be lost. Entries of
+    bear:instances left by pods long replaced are removed, so that the set does not grow with every rollout."""
+    stack = RouterStack(tmp_path)
+    try:
+        def candidates() -> set[str]:
+            return {c.instance_id for c in stack.route().candidates}
+
+        assert wait_until(lambda: candidates() == {"small-0", "medium-0", "large-0"})
+        stale = {f"old-pod-{n}": time.time() - redis_keys.INSTANCES_WINDOW_S - 60 for n in range(1000)}
+        stack.redis.zadd(redis_keys.INSTANCES, stale)
+        stack.redis.delete(redis_keys.instance_key("large-0"))  # withdrawn; Redis kept the others
+        stack.redis.zrem(redis_keys.INSTANCES, "large-0")
+        withdrawn_at = time.monotonic()
+        assert wait_until(lambda: candidates() == {"small-0", "medium-0"})
+        assert time.monotonic() - withdrawn_at < 5  # the next refresh, not the 15 s kept after Redis came back empty
+        assert wait_until(lambda: stack.redis.zcard(redis_keys.INSTANCES) == 2)  # the old pods' entries are gone
+    finally:
+        stack.close()

@@ -277,15 +277,22 @@ def test_an_engine_that_stops_leaves_health_and_redis(sidecar: Sidecar, region: 
     engine = FakeEngine(region, small_capacities())
     engine.write_state([decoding("a")])
     wait_until(lambda: stored_snapshot(client))
+    wait_until(lambda: client.get(redis_keys.instance_key("pod-1")))
     assert sidecar.serving()
     if how == "shut down":
         engine.writer.close()  # the plugin removes its region when the scheduler shuts down
     # killed: the region stays, its heartbeat stops (vLLM kills EngineCore without shutting the scheduler down)
     wait_until(lambda: not sidecar.serving(), timeout_s=6)
     assert sidecar.snapshot() is None
-    wait_until(lambda: stored_snapshot(client) is None, timeout_s=5)  # the TTL (2 s) ran out
-    if how == "killed":  # a restarted engine replaces the region and is found again
+    # Withdrawn at once: routers stop sending it queries (the heartbeat would have kept the registration for good).
+    wait_until(lambda: client.get(redis_keys.instance_key("pod-1")) is None, timeout_s=1)
+    assert stored_snapshot(client) is None and client.zscore(redis_keys.INSTANCES, "pod-1") is None
+    time.sleep(1.5)  # a heartbeat later it is still gone
+    assert client.get(redis_keys.instance_key("pod-1")) is None
+    if how == "killed":  # a restarted engine replaces the region and is found again, and registers anew
         FakeEngine(region, small_capacities()).write_state([decoding("after-restart")])
         wait_until(sidecar.serving)
         restarted = wait_until(sidecar.snapshot)
         assert [r.request_id for r in restarted.running] == ["after-restart"]
+        wait_until(lambda: client.get(redis_keys.instance_key("pod-1")))
+        assert client.zscore(redis_keys.INSTANCES, "pod-1") is not None

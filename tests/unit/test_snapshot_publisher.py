@@ -116,3 +116,29 @@ def test_redis_down_means_retries_with_back_off_and_offers_never_block(client: f
         assert backoff.failures == 0 and publisher.last_error is None
     finally:
         publisher.stop()
+
+
+def test_a_withdrawn_registration_is_deleted_at_once_and_again_after_redis_comes_back(
+        client: fakeredis.FakeRedis, server: fakeredis.FakeServer) -> None:
+    publisher = RedisPublisher(client, "pod-1", ttl_s=5.0, heartbeat_s=0.05,
+                               backoff=Backoff(base_s=0.01, cap_s=0.05, rng=random.Random(0)))
+    publisher.start()
+    keys = (redis_keys.instance_key("pod-1"), redis_keys.snapshot_key("pod-1"))
+    try:
+        publisher.set_registration(snapshot_pb2.InstanceRegistration(instance_id="pod-1", pool="p"))
+        publisher.offer_snapshot(snapshot(1))
+        wait_until(lambda: all(client.get(k) is not None for k in keys))
+        publisher.withdraw_registration()
+        wait_until(lambda: all(client.get(k) is None for k in keys))
+        assert client.zscore(redis_keys.INSTANCES, "pod-1") is None
+        time.sleep(0.2)  # heartbeats later: not registered again
+        assert client.get(keys[0]) is None
+        publisher.set_registration(snapshot_pb2.InstanceRegistration(instance_id="pod-1", pool="p"))  # a new engine
+        wait_until(lambda: client.get(keys[0]) is not None)
+        server.connected = False
+        publisher.withdraw_registration()
+        wait_until(lambda: publisher.num_failures >= 2)
+        server.connected = True
+        wait_until(lambda: client.get(keys[0]) is None and client.zscore(redis_keys.INSTANCES, "pod-1") is None)
+    finally:
+        publisher.stop()

@@ -28,6 +28,9 @@ class RecordingPublisher:
     def set_registration(self, registration) -> None:  # noqa: ANN001
         pass
 
+    def withdraw_registration(self) -> None:
+        pass
+
 
 class Clock:
     def __init__(self) -> None:

@@ -82,6 +82,7 @@ class FakeStore:
     records: list[DispatchRecord] = field(default_factory=list)
     stored: dict[str, DispatchRecord] = field(default_factory=dict)
     down: bool = False
+    redis_new: bool = False  # the next read finds Redis new or back empty
 
     def _check(self) -> None:
         if self.down:
@@ -99,9 +100,10 @@ class FakeStore:
         self._check()
         return {i: q for i, q in self.queues.items() if i in instance_ids and q.snapshot_age_ms <= max_age_s * 1e3}
 
-    async def registrations(self) -> dict[str, Registration]:
+    async def registrations(self) -> tuple[dict[str, Registration], bool]:
         self._check()
-        return dict(self.registrations_)
+        redis_new, self.redis_new = self.redis_new, False
+        return dict(self.registrations_), redis_new
 
 
 @dataclass

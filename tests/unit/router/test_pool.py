@@ -66,12 +66,27 @@ def test_allowed_models_of_another_organisation_select_nothing_of_this_one() -> 
         pool.select(["meta/Qwen3-8B"])
 
 
-def test_a_registration_missing_from_redis_is_kept_for_a_while() -> None:
+def test_a_registration_missing_from_a_redis_back_empty_is_kept_for_a_while() -> None:
     pool = InstancePool(lambda: {}, forget_after_s=15.0)
     a, b = Registration("a", "p", "m", "http://a"), Registration("b", "p", "m", "http://b")
     pool.update_registrations({"a": a, "b": b}, now_s=100.0)
-    pool.update_registrations({}, now_s=110.0)  # Redis restarted empty
+    pool.update_registrations({}, now_s=110.0, redis_new=True)  # Redis restarted empty
     assert [i.instance_id for i in pool.instances()] == ["a", "b"]
-    pool.update_registrations({"a": a}, now_s=114.0)  # a re-registered, b did not
+    pool.update_registrations({"a": a}, now_s=114.0)  # a re-registered, b not yet
+    assert [i.instance_id for i in pool.instances()] == ["a", "b"]
+    c = Registration("c", "p", "m", "http://c")  # registered after the reset, then withdrawn: gone at once
+    pool.update_registrations({"a": a, "c": c}, now_s=115.0)
     pool.update_registrations({"a": a}, now_s=116.0)
+    assert [i.instance_id for i in pool.instances()] == ["a", "b"]
+    pool.update_registrations({"a": a}, now_s=126.0)
+    assert [i.instance_id for i in pool.instances()] == ["a"]
+
+
+def test_a_registration_missing_from_a_redis_that_kept_the_others_is_gone_at_once() -> None:
+    """Its sidecar withdrew it (the engine died) or stopped refreshing it: queries sent there would be lost."""
+    pool = InstancePool(lambda: {}, forget_after_s=15.0)
+    a, b = Registration("a", "p", "m", "http://a"), Registration("b", "p", "m", "http://b")
+    pool.update_registrations({"a": a, "b": b}, now_s=100.0, redis_new=True)  # the router's first read
+    pool.update_registrations({"a": a, "b": b}, now_s=120.0)
+    pool.update_registrations({"a": a}, now_s=121.0)
     assert [i.instance_id for i in pool.instances()] == ["a"]

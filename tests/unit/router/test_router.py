@@ -493,11 +493,15 @@ def test_registrations_are_refreshed_and_kept_when_redis_fails() -> None:
     asyncio.run(harness.router.refresh_instances())
     assert harness.metric("bear_router_instances") == 3
     harness.store.registrations_.pop("large-0")
+    harness.store.redis_new = True  # Redis came back empty: large-0's sidecar will register it again
     asyncio.run(harness.router.refresh_instances())
-    assert len(route(harness).candidates) == 3  # kept a while: Redis may have lost it
+    assert len(route(harness).candidates) == 3  # kept a while
     harness.clock[0] += 20
     asyncio.run(harness.router.refresh_instances())
     assert [c.instance_id for c in route(harness).candidates] == ["medium-0", "small-0"]
+    harness.store.registrations_.pop("medium-0")  # withdrawn by its sidecar: Redis kept the others
+    asyncio.run(harness.router.refresh_instances())
+    assert [c.instance_id for c in route(harness).candidates] == ["small-0"]
     harness.store.down = True
     asyncio.run(harness.router.refresh_instances())
-    assert len(route(harness).candidates) == 2
+    assert len(route(harness).candidates) == 1
