@@ -14,6 +14,11 @@ steps) is replayed with the coefficients of a calibrated peer — the same model
 about the same KV cache, so the same hardware — and says so in the estimate's reason: without it a latency-aware
 policy would never send it the queries whose steps its sidecar needs to fit.
 
+While the feed is cut off from Redis (`feed_cut_off`), snapshots cannot arrive however healthy the engines are: for
+FEED_OUTAGE_GRACE_S beyond the usual limit the replay goes on from the last snapshot, aged forward, with the
+dispatches the routers sent along since (LPS, with its rates measured over the last minute, would tell an instance
+that took most of the recent traffic from one that did not by little else than an unbounded wait).
+
 The estimator service (`bear.estimator.snapshot_feed`) resolves residents' remaining lengths before it adopts a
 snapshot (`resident_lengths` gives the inputs, the `remaining` passed to `update_snapshot` the answers), so that
 adopting a snapshot never waits on the predictor. An instance id the estimator does not know is answered NONE.
@@ -50,6 +55,7 @@ RemainingTokens = Callable[[str, np.ndarray, np.ndarray, np.ndarray], np.ndarray
 
 MAX_CLOCK_AHEAD_S = 5.0  # how far a snapshot's times may be ahead of the estimator's clock (hosts' clock skew)
 PEER_KV_BLOCKS_TOLERANCE = 0.1  # a peer's KV cache may differ by this fraction (the same GPU and memory share)
+FEED_OUTAGE_GRACE_S = 10.0  # snapshots this much older than the limit still replay while Redis is unreachable
 
 
 class Method(enum.StrEnum):
@@ -148,6 +154,7 @@ class Estimator:
         self._mean_output_tokens = dict(mean_output_tokens)  # a resident's length when its dispatch is unknown
         self._default_output_tokens = default_output_tokens  # the same, for a model without a mean
         self._max_age_s = max_snapshot_age_s
+        self.feed_cut_off = False  # set by the feed while it cannot reach Redis
         self._dispatch_ttl_s = dispatch_ttl_s
         self._request_key = request_key  # the router's request id of an engine's request id
         self._instances: dict[str, _Instance] = {}
@@ -227,6 +234,7 @@ class Estimator:
                  horizon_s: float = math.inf) -> list[TtftEstimate]:
         """One estimate per instance for `query` arriving at `now_s` (replays in one call into the compiled core)."""
         ids = list(instance_ids)
+        max_age_s = self._max_age_s + (FEED_OUTAGE_GRACE_S if self.feed_cut_off else 0.0)
         replayable, targets, ages = [], [], []
         estimates: dict[str, TtftEstimate] = {}
         for instance_id in ids:
@@ -239,10 +247,10 @@ class Estimator:
                 # An idle engine writes nothing new: its state is as old as the last time it was found current.
                 age = now_s - max(snapshot.taken_at_s, snapshot.read_at_s)
             calibration, borrowed_from = instance.calibration, ""
-            if calibration is None and snapshot is not None and age is not None and age <= self._max_age_s:
+            if calibration is None and snapshot is not None and age is not None and age <= max_age_s:
                 borrowed_from, calibration = self._peer_calibration(instance_id, instance, snapshot)
-            if snapshot is None or calibration is None or age is None or age > self._max_age_s:
-                estimates[instance_id] = self._fallback(instance_id, instance, query, age)
+            if snapshot is None or calibration is None or age is None or age > max_age_s:
+                estimates[instance_id] = self._fallback(instance_id, instance, query, age, max_age_s)
                 continue
             replayable.append((instance_id, calibration, borrowed_from))
             ages.append(age)
@@ -254,8 +262,12 @@ class Estimator:
                                                       reason=f"cannot replay: {result}")
                 continue
             estimate = self._from_replay(instance_id, calibration, target, query, age, result)
-            if borrowed_from:
-                why = f"not calibrated yet: eq. 12 coefficients of {borrowed_from} (same model and engine)"
+            notes = [f"not calibrated yet: eq. 12 coefficients of {borrowed_from} (same model and engine)"] \
+                if borrowed_from else []
+            if age > self._max_age_s:
+                notes.append(f"snapshot {age:.3f} s old, Redis unreachable: replayed forward from it")
+            if notes:
+                why = "; ".join(notes)
                 estimate = dataclasses.replace(estimate, reason=f"{why}; {estimate.reason}" if estimate.reason else why)
             estimates[instance_id] = estimate
         return [estimates[i] for i in ids]
@@ -299,8 +311,9 @@ class Estimator:
         return TtftEstimate(instance_id, ttft, Method.REPLAY, age, result.num_batches, lower, result.reason,
                             prefill_tps)
 
-    def _fallback(self, instance_id: str, instance: _Instance, query: Query, age: float | None) -> TtftEstimate:
-        why = "no snapshot" if age is None else f"snapshot {age:.3f} s old" if age > self._max_age_s else "not calibrated"
+    def _fallback(self, instance_id: str, instance: _Instance, query: Query, age: float | None,
+                  max_age_s: float) -> TtftEstimate:
+        why = "no snapshot" if age is None else f"snapshot {age:.3f} s old" if age > max_age_s else "not calibrated"
         calibration = instance.calibration
         if calibration is not None and calibration.lps is not None:
             return TtftEstimate(instance_id, lps_ttft_s(calibration.lps, query.num_prompt_tokens), Method.LPS, age,

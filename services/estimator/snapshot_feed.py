@@ -158,6 +158,7 @@ class SnapshotFeed:
             try:
                 await asyncio.wait_for(pubsub.subscribe(redis_keys.SNAPSHOTS_CHANNEL), self._settings.redis_deadline_s)
                 self.stats.subscribed = True
+                self._estimator.feed_cut_off = False
                 if backoff.failures:
                     self._resync_now.set()  # what was published while the channel was down
                 backoff.succeeded()
@@ -168,6 +169,7 @@ class SnapshotFeed:
                     honour_cancellation()
             except _REDIS_ERRORS as error:
                 self.stats.subscribed = False
+                self._estimator.feed_cut_off = True
                 honour_cancellation()
                 await asyncio.sleep(self._redis_failed(backoff, "subscription", error))
             finally:

@@ -337,6 +337,23 @@ def test_estimates_keep_coming_while_redis_restarts(estimator: RunningEstimator,
     assert estimator.estimate(500, ids=("a",))["a"].num_running == 2
 
 
+def test_while_redis_is_away_the_last_snapshots_are_replayed_forward(estimator: RunningEstimator,
+                                                                    publishers: Publishers,
+                                                                    redis_server: RedisServer, clock: FakeClock) -> None:
+    """No snapshot can arrive then, however healthy the engines: LPS would decide on rates alone."""
+    first = snapshot("a", clock(), [decoding("r1")])
+    publishers.publish(first)
+    wait_until(lambda: estimator.adopted("a", first.taken_at_s))
+    redis_server.stop()
+    wait_until(lambda: estimator.service.estimator.feed_cut_off)
+    clock.advance(5.0)  # past the 2 s limit
+    held = estimator.estimate(500, ids=("a",))["a"]
+    assert held.method == estimator_pb2.ESTIMATE_METHOD_REPLAY and "Redis unreachable" in held.reason
+    redis_server.start()  # same port, empty: the instance's snapshot is 5 s old and no longer replayed
+    wait_until(lambda: estimator.service.feed.stats.subscribed)
+    assert estimator.estimate(500, ids=("a",))["a"].method != estimator_pb2.ESTIMATE_METHOD_REPLAY
+
+
 def test_bad_requests_are_invalid_argument(estimator: RunningEstimator) -> None:
     for request in (estimator_pb2.EstimateRequest(prompt_tokens=0),
                     estimator_pb2.EstimateRequest(prompt_tokens=10, predicted_output_tokens=math.nan),

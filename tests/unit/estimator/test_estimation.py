@@ -11,7 +11,15 @@ import pytest
 from bear.core.replay import estimate, prepare
 from bear.core.state import Arrival, InvalidState, Query, ResidentRequest
 from bear.core.wire import state_from_snapshot
-from bear.estimator.estimation import MAX_CLOCK_AHEAD_S, Calibration, Dispatch, Estimator, Method, supersedes
+from bear.estimator.estimation import (
+    FEED_OUTAGE_GRACE_S,
+    MAX_CLOCK_AHEAD_S,
+    Calibration,
+    Dispatch,
+    Estimator,
+    Method,
+    supersedes,
+)
 from tests.estimator_builders import COEFFICIENTS, decoding, engine, queued, snapshot
 
 NOW = 1000.0
@@ -168,3 +176,14 @@ def test_an_instance_not_calibrated_yet_is_replayed_with_a_calibrated_peers_coef
     assert alone.method is Method.NONE and unlike.method is Method.NONE
     estimator.set_calibration("new", Calibration(COEFFICIENTS))  # its own fit arrives
     assert estimator.estimate(Query("q", 100, 10), ["new"], NOW)[0].reason == ""
+
+
+def test_while_redis_is_unreachable_a_snapshot_past_the_limit_is_replayed_forward_for_a_while() -> None:
+    estimator = estimator_with(snapshot("a", NOW, [decoding("r1")]), max_snapshot_age_s=2.0)
+    query = Query("q", 100, 10)
+    assert estimator.estimate(query, ["a"], NOW + 5)[0].method is not Method.REPLAY  # the instance stopped publishing
+    estimator.feed_cut_off = True  # ... or Redis did: no snapshot can arrive however healthy the engine is
+    held = estimator.estimate(query, ["a"], NOW + 5)[0]
+    assert held.method is Method.REPLAY and "Redis unreachable: replayed forward" in held.reason
+    assert held.snapshot_age_s == pytest.approx(5.0)
+    assert estimator.estimate(query, ["a"], NOW + 2.0 + FEED_OUTAGE_GRACE_S + 1)[0].method is not Method.REPLAY
