@@ -31,6 +31,7 @@ from bear.v1 import estimator_pb2, estimator_pb2_grpc
 from tests.service_loop import LoopThread
 
 METHOD = "/bear.v1.Estimator/EstimateStream"
+ANSWERED: list[str] = []  # query ids whose answer the server finished
 
 
 async def _answer(request: estimator_pb2.EstimateRequest) -> estimator_pb2.EstimateResponse:
@@ -41,6 +42,7 @@ async def _answer(request: estimator_pb2.EstimateRequest) -> estimator_pb2.Estim
         raise CallFailed(grpc.StatusCode[argument], f"failed as told ({argument})")
     elif kind == "boom":
         raise RuntimeError("boom")
+    ANSWERED.append(request.query_id)
     return estimator_pb2.EstimateResponse(estimates=[estimator_pb2.InstanceEstimate(instance_id=request.query_id)])
 
 
@@ -169,6 +171,20 @@ def test_each_call_has_the_spans_and_rpc_attributes_a_unary_call_has() -> None:
         assert unavailable.status.status_code is trace.StatusCode.ERROR, kind
     assert by_kind["server"][1].status.status_code is trace.StatusCode.UNSET  # the caller's mistake
     assert by_kind["client"][1].status.status_code is trace.StatusCode.ERROR  # a failed call, for the caller
+
+
+def test_the_server_gives_a_call_up_at_its_callers_deadline() -> None:
+    """As gRPC cancels a unary handler: a Route decided after its caller stopped waiting would record a dispatch
+    for a query never sent, and claim its request id."""
+    async def scenario() -> None:
+        async with connected() as (_, stream):
+            with pytest.raises(CallFailed) as failed:
+                await stream.call(_request("sleep:0.6#abandoned"), timeout_s=0.1)
+            assert failed.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
+            assert (await stream.call(_request("sleep:0.8#patient"), timeout_s=5)).estimates
+            assert "sleep:0.6#abandoned" not in ANSWERED and "sleep:0.8#patient" in ANSWERED
+
+    run(scenario)
 
 
 def test_a_call_past_its_deadline_fails_and_its_late_answer_is_dropped() -> None:

@@ -240,10 +240,19 @@ def test_the_clients_deadline(stack: RouterStack) -> None:
 
 @pytest.mark.parametrize("streamed", [True, False])
 def test_the_asyncio_clients_deadline(stack: RouterStack, streamed: bool) -> None:
+    """A call the client gave up on is given up by the router too (over the stream as with unary calls): no dispatch
+    is recorded for a query that was never sent, and its request id can be used again."""
+    stack.estimator.behaviour.delay_s = 0.3  # the decision takes longer than the caller waits
+
     async def call() -> None:
-        async with AsyncRouterClient(stack.address, timeout_s=1e-4, streamed=streamed) as client:
+        async with AsyncRouterClient(stack.address, timeout_s=0.1, streamed=streamed) as client:
             with pytest.raises(RouterTimeout):
-                await client.route("Summarize.", ttft_slo_ms=100.0)
+                await client.route("Summarize.", ttft_slo_ms=100.0, request_id=f"late-{streamed}")
+            await asyncio.sleep(0.5)  # past the time the decision would have taken
+            assert not (await client.report_outcome(f"late-{streamed}", observed_ttft_ms=1.0)).known
+            stack.estimator.behaviour.delay_s = 0.0
+            decision = await client.route("Summarize.", ttft_slo_ms=100.0, request_id=f"late-{streamed}")
+            assert decision.request_id == f"late-{streamed}"
 
     asyncio.run(call())
 
