@@ -39,11 +39,12 @@ class DispatchRecorder:
         self._task: asyncio.Task[None] | None = None
         self._writing = 0  # records being written now
 
-    def submit(self, record: DispatchRecord) -> None:
-        """Queues the record (in the caller's span context: its span is a child of the decision's)."""
+    def submit(self, record: DispatchRecord, traced: bool = True) -> None:
+        """Queues the record (in the caller's span context: its span is a child of the decision's; none with
+        `traced` false, for a record written again)."""
         span = (self._tracer.start_span("bear.record", attributes={"bear.request_id": record.request_id,
                                                                   "bear.instance_id": record.instance_id})
-                if self._tracing else trace.INVALID_SPAN)
+                if self._tracing and traced else trace.INVALID_SPAN)
         if len(self._pending) >= self._max_pending:
             self._metrics.unrecorded_dispatches.labels("queue-full").inc()
             span.set_status(trace.StatusCode.ERROR, "dispatch queue full")

@@ -27,6 +27,7 @@ from typing import Protocol
 from opentelemetry import trace
 
 from bear.common.messages import shown
+from bear.common.redis_keys import DISPATCH_TTL_S
 from bear.common.redis_config import honour_cancellation
 from bear.router.decision import DispatchRecord, Outcome, RouteResult, describe
 from bear.router.pool import InstanceInfo, InstancePool, Registration
@@ -58,6 +59,7 @@ from bear.routing.registry import build_policy
 logger = logging.getLogger("bear.router")
 LONG_PROMPT_CHARS = 20_000  # longer prompts are tokenised off the event loop
 MAX_RECENT_DISPATCHES = 32  # at most this many of the router's latest dispatches go along with an Estimate call
+MAX_RECORDED_AGAIN = 5_000  # the latest dispatches written again after Redis came back empty (half the queue)
 MAX_OBSERVED_MS = 86_400_000.0  # a reported TTFT or end-to-end time beyond a day is an error, not an observation
 
 
@@ -329,6 +331,15 @@ class Router:
         self._recent.add(record)
         self._recorder.submit(record)
 
+    def _record_again(self) -> None:
+        """Redis came back empty: this router's latest dispatches are written again, so that the estimator finds
+        the predicted lengths of the requests still running, and another replica the decisions it is told of."""
+        records = self._recent.latest(self._clock() - DISPATCH_TTL_S, MAX_RECORDED_AGAIN)
+        if records:
+            logger.info("Redis came back empty: writing this router's %d latest dispatch records again", len(records))
+        for record in records:
+            self._recorder.submit(record, traced=False)
+
     def _count(self, result: RouteResult) -> None:
         self._metrics.decision_seconds.labels(result.policy).observe(result.decision_ms / 1000)
         if result.decision is Decision.ROUTE:
@@ -388,6 +399,8 @@ class Router:
         try:
             found, redis_new = await self._store.registrations()
             self._pool.update_registrations(found, self._clock(), redis_new)
+            if redis_new:
+                self._record_again()
         except DependencyUnavailable as error:
             self._metrics.dependency_failed("redis", error.code)
         except Exception:  # noqa: BLE001 - a bug or a value no check foresaw: the registrations stay as they were

@@ -145,3 +145,22 @@ def test_before_any_instance_registered_an_allowed_model_is_unavailable_not_unkn
     harness = make_router(instances=())
     with pytest.raises(NoInstances, match="no ready instance serves Qwen3-8B"):
         route(harness, allowed_models=("Qwen3-8B",))
+
+
+def test_after_redis_came_back_empty_the_latest_dispatch_records_are_written_again() -> None:
+    """The estimator needs the predicted lengths of requests still running; another replica, the decisions."""
+    harness = make_router()
+    for n in range(3):
+        route(harness, request_id=f"q{n}")
+    harness.store.records.clear()  # Redis lost them
+    harness.store.redis_new = True
+
+    async def refresh() -> None:
+        await harness.router.refresh_instances()
+        await harness.router.flush()
+
+    asyncio.run(refresh())
+    assert [r.request_id for r in harness.store.records] == ["q0", "q1", "q2"]
+    asyncio.run(refresh())  # only once
+    assert len(harness.store.records) == 3
+    assert not [s for s in harness.spans.get_finished_spans() if s.name == "bear.record"][3:]  # no spans of their own
