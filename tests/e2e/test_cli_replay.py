@@ -94,3 +94,15 @@ def test_a_case_file_that_breaks_the_reader_exits_2_without_a_traceback(tmp_path
     assert completed.returncode == 2, completed.stderr
     assert message in completed.stderr and "Traceback" not in completed.stderr
     assert completed.stdout == ""
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
+    """`bear replay case.json | head -c 10`: no BrokenPipeError traceback, the status a shell gives SIGPIPE."""
+    case = tmp_path / "case.json"
+    case.write_text(json.dumps(EXAMPLE))
+    process = subprocess.Popen([BEAR, "replay", str(case)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # before the command writes
+    with process.stderr:
+        stderr = process.stderr.read().decode()
+    assert process.wait(timeout=60) == 141 and "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
