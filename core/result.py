@@ -58,8 +58,18 @@ def explain(kind: Infeasibility, blocking_id: str | None, state: InstanceState, 
         blocks = -(-query.num_prompt_tokens // engine.block_size)
         return f"the query's prompt needs {blocks} KV blocks, more than the cache's {engine.num_gpu_blocks}"
     if kind is Infeasibility.STUCK:
-        who = "the query" if blocking_id == query.id else f"request {blocking_id!r}"
-        return f"{who} can never complete (it needs more KV blocks or tokens than the engine can give it) and blocks the query"
+        if blocking_id == query.id:
+            who, tokens, ahead = "the query", query.num_prompt_tokens, ""
+        else:
+            resident = next((r for r in (*state.running, *state.waiting) if r.id == blocking_id), None)
+            tokens = None if resident is None else resident.num_prompt_tokens + resident.num_output_tokens
+            who, ahead = f"request {blocking_id!r}", ", ahead of the query"
+        if not engine.enable_chunked_prefill and tokens is not None and tokens > engine.max_num_batched_tokens:
+            why = (f"its {tokens} tokens exceed the token budget ({engine.max_num_batched_tokens}) and chunked "
+                   f"prefill is off")
+        else:
+            why = "it needs more KV blocks than the engine can give it"
+        return f"{who} can never be scheduled to completion ({why}){ahead}"
     if kind is Infeasibility.STEP_LIMIT:
         return "the replay gave up after its step limit"
     return f"the simulated time passed the horizon ({horizon_s} s) before the query's first token"

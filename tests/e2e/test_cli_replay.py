@@ -106,3 +106,11 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> Non
     with process.stderr:
         stderr = process.stderr.read().decode()
     assert process.wait(timeout=60) == 141 and "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
+
+
+def test_the_case_formats_output_example_is_what_replay_prints_for_its_input_example() -> None:
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "docs" / "replay-case.md").read_text()
+    output = text.split("## Output", 1)[1].split("```json", 1)[1].split("```", 1)[0]
+    printed = json.loads(_bear("replay", str(root / "docs" / "examples" / "case.json")).stdout)
+    assert json.loads(output) == printed
