@@ -352,7 +352,7 @@ def _progress_line(turn: PolicyTurn, summary: dict[str, object], done: bool = Fa
     p50 = summary["route_p50_ms"]
     route_p50 = "–" if p50 is None else f"{p50:.1f} ms"  # no call answered yet
     on_time, utility = summary["slo_attainment"], summary["on_time_utility"]
-    return (f"  {turn.policy:<14} {bar} {elapsed:5.1f}/{turn.duration_s:.3g} s  queries {summary['queries']:>4}  "
+    return (f"  {turn.policy:<16} {bar} {elapsed:5.1f}/{turn.duration_s:.3g} s  queries {summary['queries']:>4}  "
             f"on time {'–' if on_time is None else f'{100 * on_time:5.1f}%'}  "
             f"OnTimeUtility {'–' if utility is None else f'{utility:.3f}'}  "
             f"route p50 {route_p50}  errors {summary['errors']}  [{mix}]")
@@ -426,7 +426,8 @@ class _Status:
 def _print_results(report: dict[str, Any], config: DemoConfig, out: TextIO) -> None:
     policies: dict[str, dict[str, Any]] = report["policies"]
     print(f"\nBEAR demo: {config.rate_qps:g} queries/s, {config.turn_s:.0f} s per policy, seed {config.seed}", file=out)
-    header = (f"{'policy':<14} {'queries':>7} {'OnTimeUtility':>13} {'SLO met':>8} {'shed':>5} {'errors':>6} "
+    width = max(14, *(len(name) for name in policies))  # bear-prefill-tps, latency-agnostic: 16
+    header = (f"{'policy':<{width}} {'queries':>7} {'OnTimeUtility':>13} {'SLO met':>8} {'shed':>5} {'errors':>6} "
               f"{'route p50':>10} {'route p99':>10} {'TTFT est. error':>15}  routing mix")
     print(header, file=out)
     print("-" * len(header), file=out)
@@ -435,14 +436,16 @@ def _print_results(report: dict[str, Any], config: DemoConfig, out: TextIO) -> N
         mape = "" if s["ttft_mape"] is None else f"{100 * s['ttft_mape']:.1f}%"
         utility = "-" if s["on_time_utility"] is None else f"{s['on_time_utility']:.4f}"
         on_time = "-" if s["slo_attainment"] is None else f"{100 * s['slo_attainment']:.1f}%"
-        print(f"{name:<14} {s['queries']:>7} {utility:>13} {on_time:>8} "
+        print(f"{name:<{width}} {s['queries']:>7} {utility:>13} {on_time:>8} "
               f"{s['shed']:>5} {s['errors']:>6} {_ms(s['route_p50_ms']):>10} {_ms(s['route_p99_ms']):>10} "
               f"{mape:>15}  {mix}", file=out)
     reference = config.policies[0]
     relative = gains(policies, reference)
-    if relative:
-        print(f"\n{reference} OnTimeUtility vs " + ", ".join(f"{name}: {100 * g:+.0f}%" for name, g in relative.items()),
-              file=out)
+    if isinstance(policies.get(reference, {}).get("on_time_utility"), float) and len(policies) > 1:
+        compared = [f"{name}: {100 * relative[name]:+.0f}%" if name in relative else f"{name}: n/a (it scored "
+                    f"{'nothing' if policies[name]['on_time_utility'] is None else 0})"
+                    for name in policies if name != reference]
+        print(f"\n{reference} OnTimeUtility vs " + ", ".join(compared), file=out)
     print("SLO met: TTFT from the Route call to the first token (routing included). TTFT est. error: mean absolute "
           "error of the TTFT predicted for the chosen instance, relative to the TTFT measured there (from the "
           "query's arrival).", file=out)

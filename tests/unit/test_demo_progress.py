@@ -32,6 +32,20 @@ def test_a_turn_with_no_query_scores_nothing_rather_than_zero() -> None:
     _print_results(report, DemoConfig(duration_s=10, rate_qps=0.1, policies=("bear", "score")), out)
     row = next(line for line in out.getvalue().splitlines() if line.startswith("score "))
     assert row.split()[:4] == ["score", "0", "-", "-"] and "0.0%" not in row
-    assert "OnTimeUtility vs" not in out.getvalue()  # no gain over a policy that scored nothing
+    assert "bear OnTimeUtility vs score: n/a (it scored nothing)" in out.getvalue()  # no gain over nothing
     assert gains(report["policies"], "bear") == {}
     json.dumps(summary, allow_nan=False)
+
+
+def test_the_table_fits_long_policy_names_and_a_baseline_at_zero_is_named() -> None:
+    def figures(utility: float) -> dict[str, object]:
+        return {**summarise([]), "queries": 10, "on_time_utility": utility, "slo_attainment": 0.5}
+
+    report = {"policies": {"bear": figures(0.5), "latency-agnostic": figures(0.25), "round-robin": figures(0.0)}}
+    out = io.StringIO()
+    _print_results(report, DemoConfig(duration_s=10, policies=("bear", "latency-agnostic", "round-robin")), out)
+    lines = out.getvalue().splitlines()
+    header = next(line for line in lines if line.startswith("policy"))
+    row = next(line for line in lines if line.startswith("latency-agnostic "))
+    assert row.index("0.2500") + len("0.2500") == header.index("OnTimeUtility") + len("OnTimeUtility")
+    assert "bear OnTimeUtility vs latency-agnostic: +100%, round-robin: n/a (it scored 0)" in out.getvalue()
