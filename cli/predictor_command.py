@@ -128,10 +128,11 @@ def _predict(args: argparse.Namespace) -> int:
 
 def _synth(args: argparse.Namespace) -> int:
     from bear.predictor.catalog import PAPER_POOL
-    from bear.predictor.evals import write_eval_table
+    from bear.predictor.evals import check_table_path, write_eval_table
     from bear.predictor.synthetic_corpus import SOURCE, TABLE2_MEAN_SCORE, generate
 
     def work() -> dict[str, Any]:
+        check_table_path(args.out, "--out")  # before the table is built, not after
         corpus = generate(args.rows, args.seed, _progress)
         write_eval_table(corpus.table, args.out, {"source": [SOURCE] * len(corpus.table)})
         return {"synthetic": True, "source": SOURCE, "out": str(args.out), "rows": len(corpus.table),

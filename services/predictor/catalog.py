@@ -44,7 +44,7 @@ class ModelSpec:
     input_usd_per_mtok: float  # price of prompt tokens, USD per million
     output_usd_per_mtok: float  # price of output tokens, USD per million
     num_params: float  # parameter count (a feature: its logarithm)
-    max_context_tokens: int  # longest prompt + output the model serves (a feature, and a bound on output length)
+    max_context_tokens: int  # longest prompt + output the model serves (a feature of the models)
     tokenizer: str = DEFAULT_TOKENIZER  # counts this model's prompt tokens (bear.predictor.tokenizers)
 
     def cost_usd(self, prompt_tokens: float, output_tokens: float) -> float:
@@ -139,6 +139,9 @@ def _model(item: Any, path: str, known_tokenizers: Sequence[str]) -> ModelSpec:
     name = item["name"]
     if not isinstance(name, str) or not name.strip():
         raise CatalogError(f"{path}.name: expected a non-empty string")
+    if name != name.strip():
+        raise CatalogError(f"{path}.name: {name!r} has leading or trailing spaces (it would be another model than "
+                           f"{name.strip()!r})")
     tokenizer = item.get("tokenizer", DEFAULT_TOKENIZER)
     if tokenizer not in known_tokenizers:
         raise CatalogError(f"{path}.tokenizer: unknown tokenizer {tokenizer!r}; known: {', '.join(known_tokenizers)}")

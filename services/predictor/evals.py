@@ -152,11 +152,16 @@ def _jsonl_columns(path: Path) -> dict[str, list[Any]]:
     return columns
 
 
-def _format(path: Path) -> str:
+def _format(path: Path, what: str = "evals") -> str:
     kind = FORMATS.get(path.suffix.lower())
     if kind is None:
-        raise EvalsError(f"evals: {path.name}: unknown format; use one of {', '.join(FORMATS)}")
+        raise EvalsError(f"{what}: {path.name}: unknown format; use one of {', '.join(FORMATS)}")
     return kind
+
+
+def check_table_path(path: Path, what: str) -> None:
+    """Raises EvalsError (naming `what`, e.g. the option) unless `path`'s extension is a table format."""
+    _format(path, what)
 
 
 def _text(value: Any, column: str, i: int) -> str:

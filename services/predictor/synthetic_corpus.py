@@ -106,6 +106,8 @@ def _scores(prompts: list[SyntheticPrompt], rng: np.random.Generator) -> np.ndar
     expected = np.empty((len(prompts), len(MODELS)))
     for task, targets in TABLE2_MEAN_SCORE.items():
         rows = task_of == task
+        if not rows.any():  # a table too small to have a prompt of every task
+            continue
         for m, target in enumerate(targets):
             slope = -SENSITIVITY[m] * difficulty[rows]
             expected[rows, m] = _sigmoid(_offset_for_mean(slope, target) + slope)

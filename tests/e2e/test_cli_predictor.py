@@ -45,6 +45,14 @@ def test_synth_writes_a_table_labelled_synthetic(tmp_path: Path) -> None:
     assert set(first) == {"prompt", "model", "score", "output_tokens", "task", "source"}
 
 
+def test_synth_of_a_few_rows_warns_nothing_and_a_bad_out_is_refused_before_the_work(tmp_path: Path) -> None:
+    tiny = _bear("synth", "--rows", "4", "--seed", "1", "--out", str(tmp_path / "tiny.parquet"))
+    assert _json(tiny)["rows"] == 4 and "Warning" not in tiny.stderr  # not a prompt of every task
+    refused = _bear("synth", "--rows", "2000000", "--seed", "1", "--out", str(tmp_path / "evals.txt"))
+    assert refused.returncode == 2 and "--out: evals.txt: unknown format" in refused.stderr
+    assert not (tmp_path / "evals.txt").exists()
+
+
 def test_train_writes_a_model_directory(workspace: Path) -> None:
     manifest = json.loads((workspace / "model" / "manifest.json").read_text())
     assert manifest["format_version"] == 1 and manifest["training"]["num_rows"] == 450

@@ -72,6 +72,7 @@ def _with(path: str, value: Any) -> dict[str, Any]:
     (_with("0.max_context_tokens", 1.5), r"models\[0\]\.max_context_tokens: expected an integer"),
     (_with("0.tokenizer", "gpt2"), r"models\[0\]\.tokenizer: unknown tokenizer 'gpt2'"),
     (_with("1.name", ""), r"models\[1\]\.name: expected a non-empty string"),
+    (_with("1.name", " Qwen3-8B"), r"models\[1\]\.name: ' Qwen3-8B' has leading or trailing spaces"),
     (_with("0.price", 1), r"models\[0\]\.price: unknown key"),
     (_with("1.name", "small"), "model 'small' is listed twice"),
     ({"models": []}, "models: expected a non-empty list"),
