@@ -446,6 +446,12 @@ def _print_results(report: dict[str, Any], config: DemoConfig, out: TextIO) -> N
                     f"{'nothing' if policies[name]['on_time_utility'] is None else 0})"
                     for name in policies if name != reference]
         print(f"\n{reference} OnTimeUtility vs " + ", ".join(compared), file=out)
+    idle = [name for name, s in policies.items() if not s["queries"]]
+    if idle:
+        expected = config.rate_qps * config.turn_s * ARRIVAL_SHARE
+        print(f"No query was sent in the turn of {', '.join(idle)}: at {config.rate_qps:g} queries/s, queries arrive "
+              f"over {config.turn_s * ARRIVAL_SHARE:.1f} s of each turn, {expected:.1f} on average; raise --rate or "
+              f"--duration.", file=out)
     print("SLO met: TTFT from the Route call to the first token (routing included). TTFT est. error: mean absolute "
           "error of the TTFT predicted for the chosen instance, relative to the TTFT measured there (from the "
           "query's arrival).", file=out)

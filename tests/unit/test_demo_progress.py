@@ -33,6 +33,7 @@ def test_a_turn_with_no_query_scores_nothing_rather_than_zero() -> None:
     row = next(line for line in out.getvalue().splitlines() if line.startswith("score "))
     assert row.split()[:4] == ["score", "0", "-", "-"] and "0.0%" not in row
     assert "bear OnTimeUtility vs score: n/a (it scored nothing)" in out.getvalue()  # no gain over nothing
+    assert "No query was sent in the turn of score: at 0.1 queries/s, queries arrive over" in out.getvalue()
     assert gains(report["policies"], "bear") == {}
     json.dumps(summary, allow_nan=False)
 
