@@ -177,12 +177,13 @@ class SnapshotRecorder:
 
 
 def engine_settings(scheduler: Any, is_async: bool) -> EngineSettings:
-    """The scheduler's settings as the replay needs them."""
+    """The scheduler's settings as the replay needs them. `max_num_seqs` is the admission limit: vLLM admits a waiting
+    request while fewer than `max_num_active_reqs` run (--max-num-active-seqs, else max_num_seqs)."""
     config = scheduler.scheduler_config
     served = scheduler.vllm_config.model_config.served_model_name
     return EngineSettings(
         max_num_batched_tokens=scheduler.max_num_scheduled_tokens,
-        max_num_seqs=scheduler.max_num_running_reqs,
+        max_num_seqs=getattr(scheduler, "max_num_active_reqs", scheduler.max_num_running_reqs),
         block_size=scheduler.block_size,
         num_gpu_blocks=scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1,
         long_prefill_token_threshold=config.long_prefill_token_threshold,
