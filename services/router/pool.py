@@ -107,9 +107,11 @@ class InstancePool:
         (`redis_new`): then those held at that moment are kept for `forget_after_s`, until their sidecars register
         them again."""
         if redis_new:
-            self._held_at_reset, self._keep_missing_until_s = frozenset(self._registrations), now_s + self._forget_after_s
-        kept = {i: r for i, r in self._registrations.items() if i not in found and i in self._held_at_reset} \
-            if now_s <= self._keep_missing_until_s else {}
+            self._held_at_reset = frozenset(self._registrations)
+            self._keep_missing_until_s = now_s + self._forget_after_s
+        kept = {}
+        if now_s <= self._keep_missing_until_s:
+            kept = {i: r for i, r in self._registrations.items() if i not in found and i in self._held_at_reset}
         registrations = {**kept, **found}
         if registrations != self._registrations:
             self._registrations = registrations
