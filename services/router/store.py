@@ -102,8 +102,8 @@ class RedisStore:
             pipe.set(redis_keys.PRESENT, b"1", nx=True)
             _, members, created = await pipe.execute()
             ids = [i for i in (self._decoded(redis_keys.INSTANCES, bytes.decode, m) for m in members) if i]
-            return ids, await self._client.mget([redis_keys.instance_key(i) for i in ids]) if ids else [], \
-                bool(created)
+            payloads = await self._client.mget([redis_keys.instance_key(i) for i in ids]) if ids else []
+            return ids, payloads, bool(created)
 
         ids, payloads, redis_new = await self._call("registrations", read)
         found = {}
