@@ -10,8 +10,9 @@ and is rebuilt within one snapshot interval.
     bear:dispatch:<request id>     DispatchRecord of a routed query (router → estimator), with a TTL (DISPATCH_TTL_S)
     bear:dispatches:<id>           sorted set: request ids routed to the instance → dispatch time (Unix seconds);
                                    entries older than DISPATCH_TTL_S are trimmed by the writer
-    bear:present                   "1", no TTL, set by routers: missing, Redis is new or came back empty (its
-                                   instances register again within their heartbeat)
+    bear:present                   Redis' epoch, no TTL, set by the first router to find it missing: when it
+                                   changes, Redis is new or came back empty (its instances register again within
+                                   their heartbeat, the routers write their latest dispatch records again)
 """
 
 from __future__ import annotations

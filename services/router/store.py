@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
@@ -50,6 +51,7 @@ class RedisStore:
         self._timeout_s = timeout_s
         self._retry_after_s = retry_after_s
         self._clock = clock
+        self._epoch: bytes | None = None  # bear:present as last read
         self._down_until = 0.0  # monotonic time before which Redis is not called
         self._succeeded = False  # a call has succeeded (the connection is open)
         self._trimmed_at: dict[str, float] = {}
@@ -99,13 +101,17 @@ class RedisStore:
             pipe = self._client.pipeline(transaction=False)
             pipe.zremrangebyscore(redis_keys.INSTANCES, "-inf", f"({stale_before}")  # pods long replaced
             pipe.zrangebyscore(redis_keys.INSTANCES, stale_before, "+inf")
-            pipe.set(redis_keys.PRESENT, b"1", nx=True)
-            _, members, created = await pipe.execute()
+            pipe.set(redis_keys.PRESENT, uuid.uuid4().hex, nx=True)  # a new epoch, if the key is missing
+            pipe.get(redis_keys.PRESENT)
+            _, members, _, epoch = await pipe.execute()
             ids = [i for i in (self._decoded(redis_keys.INSTANCES, bytes.decode, m) for m in members) if i]
             payloads = await self._client.mget([redis_keys.instance_key(i) for i in ids]) if ids else []
-            return ids, payloads, bool(created)
+            return ids, payloads, epoch
 
-        ids, payloads, redis_new = await self._call("registrations", read)
+        ids, payloads, epoch = await self._call("registrations", read)
+        # Redis is new or came back empty when its epoch changed: whichever router wrote the new one, every router
+        # sees it change (a SET NX alone tells only the router whose SET created the key)
+        redis_new, self._epoch = epoch != self._epoch, epoch
         found = {}
         for instance_id, payload in zip(ids, payloads, strict=True):
             registration = None if payload is None else self._decoded(
