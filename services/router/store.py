@@ -7,7 +7,7 @@
     queue_lengths     queue lengths from the latest snapshots (the fallback when the estimator is down)
     registrations     every registered instance (bear:instances within INSTANCES_WINDOW_S, then bear:instance:<id>;
                       older entries of bear:instances are removed), and whether Redis is new or came back empty
-                      (bear:present was missing)
+                      (the epoch in bear:present changed since the last read)
 
 Every operation has a deadline (until one has succeeded, at least FIRST_CALL_TIMEOUT_S: the first also opens the
 connection, and the first Route calls wait for the registrations it reads). After a failure the store stops calling
