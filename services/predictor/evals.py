@@ -160,8 +160,12 @@ def _format(path: Path, what: str = "evals") -> str:
 
 
 def check_table_path(path: Path, what: str) -> None:
-    """Raises EvalsError (naming `what`, e.g. the option) unless `path`'s extension is a table format."""
+    """Raises EvalsError (naming `what`, e.g. the option) unless a table can be written at `path`: an extension of
+    a table format, in a folder that exists."""
     _format(path, what)
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise EvalsError(f"{what}: {path}: the folder {folder} does not exist")
 
 
 def _text(value: Any, column: str, i: int) -> str:

@@ -48,9 +48,11 @@ def test_synth_writes_a_table_labelled_synthetic(tmp_path: Path) -> None:
 def test_synth_of_a_few_rows_warns_nothing_and_a_bad_out_is_refused_before_the_work(tmp_path: Path) -> None:
     tiny = _bear("synth", "--rows", "4", "--seed", "1", "--out", str(tmp_path / "tiny.parquet"))
     assert _json(tiny)["rows"] == 4 and "Warning" not in tiny.stderr  # not a prompt of every task
-    refused = _bear("synth", "--rows", "2000000", "--seed", "1", "--out", str(tmp_path / "evals.txt"))
+    refused = _bear("synth", "--rows", "200000", "--seed", "1", "--out", str(tmp_path / "evals.txt"))
     assert refused.returncode == 2 and "--out: evals.txt: unknown format" in refused.stderr
     assert not (tmp_path / "evals.txt").exists()
+    refused = _bear("synth", "--rows", "200000", "--seed", "1", "--out", str(tmp_path / "missing" / "evals.parquet"))
+    assert refused.returncode == 2 and "the folder" in refused.stderr and "does not exist" in refused.stderr
 
 
 def test_train_writes_a_model_directory(workspace: Path) -> None:
@@ -124,7 +126,7 @@ def _bad(tmp_path: Path, name: str, text: str) -> str:
      "evals row 1: model 'Llama' is not in the catalogue"),
     (lambda w, t: ["synth", "--rows", "10", "--seed", "-1", "--out", str(t / "e.csv")], "argument --seed: "),
     (lambda w, t: ["synth", "--rows", "1000000000000", "--seed", "1", "--out", str(t / "e.csv")],
-     "argument --rows: must be at most 2000000"),
+     "argument --rows: must be at most 200000"),
     (lambda w, t: ["train", "--evals", str(w / "train.parquet"), "--seed", "-1", "--out", str(t / "m")],
      "argument --seed: "),
     (lambda w, t: ["train", "--evals", str(w / "train.parquet"), "--seed", str(2**31), "--out", str(t / "m")],
