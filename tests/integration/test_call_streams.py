@@ -187,6 +187,23 @@ def test_the_server_gives_a_call_up_at_its_callers_deadline() -> None:
     run(scenario)
 
 
+def test_a_call_its_caller_gave_up_is_given_up_by_the_server_too() -> None:
+    """The caller tells the server on the stream (a deadline it met first, a cancellation): the answer is cancelled
+    where it is, as gRPC cancels a unary handler, and the stream goes on."""
+    async def scenario() -> None:
+        async with connected() as (_, stream):
+            victim = asyncio.ensure_future(stream.call(_request("sleep:0.5#given-up"), timeout_s=5))
+            await asyncio.sleep(0.1)  # the server is answering it
+            victim.cancel()
+            with pytest.raises(CallFailed):
+                await stream.call(_request("sleep:0.5#timed-out"), timeout_s=0.1)
+            assert (await stream.call(_request("sleep:0.7#after"), timeout_s=5)).estimates
+            assert "sleep:0.5#given-up" not in ANSWERED and "sleep:0.5#timed-out" not in ANSWERED
+            assert "sleep:0.7#after" in ANSWERED
+
+    run(scenario)
+
+
 def test_a_call_past_its_deadline_fails_and_its_late_answer_is_dropped() -> None:
     async def scenario() -> None:
         async with connected() as (server, stream):
