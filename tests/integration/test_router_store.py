@@ -10,16 +10,14 @@ import redis
 import redis.asyncio
 
 from bear.router.store import RedisStore
-from tests.redis_server import RedisServer
+from tests.redis_server import RedisServer, running_redis
 from tests.router_fakes import THREE_INSTANCES, register_instances
 
 
 @pytest.fixture
 def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer()
-    server.start()
-    yield server
-    server.stop()
+    with running_redis() as server:
+        yield server
 
 
 def test_every_router_sharing_a_redis_sees_it_come_back_empty(redis_server: RedisServer) -> None:
