@@ -24,7 +24,8 @@ grows to two minutes). Errors:
     RouterUnavailable   the router is unreachable or shutting down (its calls cancelled), or no instance is ready
                         (UNAVAILABLE)
     RouterTimeout       the deadline passed (DEADLINE_EXCEEDED)
-    RouterError         anything else (the base class of the three); CANCELLED: the client was closed
+    RouterError         anything else (the base class of the three); CANCELLED: the client was closed, also under
+                        the calls in flight when it was
 """
 
 from __future__ import annotations
@@ -173,6 +174,8 @@ class RouterClient:
         try:
             return self._stub.Route(request, timeout=deadline_s(timeout_s, self._timeout_s))
         except grpc.RpcError as error:
+            if self._closed:  # closed by another thread while the call was in flight
+                raise _closed() from None
             raise error_of(error) from None
         except ValueError:  # "Cannot invoke RPC on closed channel!": closed by another thread meanwhile
             if self._closed:
@@ -187,6 +190,8 @@ class RouterClient:
         try:
             return self._stub.ReportOutcome(report, timeout=deadline_s(timeout_s, self._timeout_s))
         except grpc.RpcError as error:
+            if self._closed:
+                raise _closed() from None
             raise error_of(error) from None
         except ValueError:  # as in route
             if self._closed:
@@ -242,6 +247,8 @@ class AsyncRouterClient:
                 return await self._stub.Route(request, timeout=deadline)
             return await self._route(request, deadline)
         except (CallFailed, grpc.RpcError) as error:
+            if self._is_closed:  # the stream of calls, or the channel, ended by close()
+                raise _closed() from None
             raise error_of(error) from None
         except grpc.aio.UsageError:  # the channel is closed
             raise _closed() from None
@@ -256,6 +263,8 @@ class AsyncRouterClient:
         try:
             return await self._stub.ReportOutcome(report, timeout=deadline)
         except grpc.RpcError as error:
+            if self._is_closed:
+                raise _closed() from None
             raise error_of(error) from None
         except grpc.aio.UsageError:  # the channel is closed
             raise _closed() from None

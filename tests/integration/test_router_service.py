@@ -159,11 +159,13 @@ def test_the_asyncio_client_sends_a_long_request_unary_and_refuses_calls_once_cl
         assert isinstance(error, RouterError) and error.code is grpc.StatusCode.CANCELLED
 
 
-def test_closing_the_asyncio_client_fails_its_calls_in_flight_as_router_errors(stack: RouterStack) -> None:
+@pytest.mark.parametrize("streamed", [False, True])
+def test_closing_the_asyncio_client_fails_its_calls_in_flight_as_router_errors(stack: RouterStack,
+                                                                               streamed: bool) -> None:
     """Unary calls of a closed channel end in CancelledError in tasks nobody cancelled: a gather or TaskGroup would
-    take it for the caller's own cancellation."""
+    take it for the caller's own cancellation. Streamed or not, a call cut short by close() says the client closed."""
     async def calls() -> list[object]:
-        client = AsyncRouterClient(stack.address, streamed=False)
+        client = AsyncRouterClient(stack.address, streamed=streamed)
         await client.route("Warm up.", ttft_slo_ms=250.0)
         in_flight = [asyncio.ensure_future(client.route(f"Summarize {i}.", ttft_slo_ms=250.0)) for i in range(20)]
         in_flight.append(asyncio.ensure_future(client.report_outcome("r", observed_ttft_ms=1.0)))
@@ -174,6 +176,9 @@ def test_closing_the_asyncio_client_fails_its_calls_in_flight_as_router_errors(s
     outcomes = asyncio.run(calls())
     assert not any(isinstance(o, asyncio.CancelledError) for o in outcomes), outcomes
     assert all(isinstance(o, (router_pb2.RouteDecision, router_pb2.OutcomeAck, RouterError)) for o in outcomes)
+    errors = [o for o in outcomes if isinstance(o, RouterError)]
+    assert all(type(e) is RouterError and e.code is grpc.StatusCode.CANCELLED and "closed" in e.message
+               for e in errors), errors
 
 
 def test_the_asyncio_client_can_make_unary_calls(stack: RouterStack) -> None:
