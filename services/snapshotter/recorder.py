@@ -51,6 +51,13 @@ class SnapshotRecorder:
         self._scheduler = scheduler
         self._logger = logger
         engine = engine_settings(scheduler, is_async)
+        if is_async and not engine.async_scheduling:
+            logger.warning("BEAR snapshot plugin: the engine runs one step at a time (async scheduling is off in its "
+                           "config, as on vLLM's CPU build): the snapshots say synchronous")
+        elif not is_async and engine_overlaps_steps(scheduler):
+            logger.warning("BEAR snapshot plugin: the engine overlaps steps but the scheduler class is synchronous: "
+                           "use --scheduler-cls bear.snapshotter.plugin.AsyncSnapshotScheduler with "
+                           "--async-scheduling; the snapshots say synchronous")
         capacities = Capacities(
             max_rows=engine.max_num_seqs + config.max_waiting_rows,
             max_step_entries=engine.max_num_seqs,
@@ -178,7 +185,11 @@ class SnapshotRecorder:
 
 def engine_settings(scheduler: Any, is_async: bool) -> EngineSettings:
     """The scheduler's settings as the replay needs them. `max_num_seqs` is the admission limit: vLLM admits a waiting
-    request while fewer than `max_num_active_reqs` run (--max-num-active-seqs, else max_num_seqs)."""
+    request while fewer than `max_num_active_reqs` run (--max-num-active-seqs, else max_num_seqs).
+
+    `async_scheduling` is what the engine does, not what the class is: the engine overlaps two steps only while its
+    scheduler config says so, and platforms turn it off (vLLM's CPU build always does, `--async-scheduling` or not);
+    an `AsyncScheduler` stepped one step at a time schedules as the synchronous one does."""
     config = scheduler.scheduler_config
     served = scheduler.vllm_config.model_config.served_model_name
     return EngineSettings(
@@ -191,6 +202,11 @@ def engine_settings(scheduler: Any, is_async: bool) -> EngineSettings:
         watermark=float(config.watermark),
         enable_chunked_prefill=bool(config.enable_chunked_prefill),
         scheduler_reserve_full_isl=bool(scheduler.scheduler_reserve_full_isl),
-        async_scheduling=is_async,
+        async_scheduling=is_async and engine_overlaps_steps(scheduler),
         model=(served[0] if isinstance(served, list) else served) or "",
     )
+
+
+def engine_overlaps_steps(scheduler: Any) -> bool:
+    """Whether the engine schedules a step while the one before runs (vLLM's final scheduler config)."""
+    return bool(getattr(scheduler.scheduler_config, "async_scheduling", False))

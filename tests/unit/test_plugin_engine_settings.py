@@ -9,7 +9,8 @@ from bear.snapshotter.recorder import engine_settings
 
 
 def scheduler(**fields: object) -> SimpleNamespace:
-    config = SimpleNamespace(long_prefill_token_threshold=0, watermark=0.01, enable_chunked_prefill=True)
+    config = SimpleNamespace(long_prefill_token_threshold=0, watermark=0.01, enable_chunked_prefill=True,
+                             async_scheduling=True)
     defaults = dict(scheduler_config=config, max_num_scheduled_tokens=2048, max_num_running_reqs=256, block_size=16,
                     kv_cache_manager=SimpleNamespace(block_pool=SimpleNamespace(num_gpu_blocks=1001)),
                     max_model_len=4096, scheduler_reserve_full_isl=True,
@@ -28,3 +29,13 @@ def test_the_rest_of_the_settings() -> None:
     settings = engine_settings(scheduler(), is_async=True)
     assert (settings.max_num_batched_tokens, settings.block_size, settings.num_gpu_blocks, settings.max_model_len,
             settings.async_scheduling, settings.model) == (2048, 16, 1000, 4096, True, "Qwen3-8B")
+
+
+def test_async_scheduling_is_what_the_engine_does_not_what_the_class_is() -> None:
+    """vLLM's CPU build turns async scheduling off whatever the flags: an AsyncScheduler stepped one step at a time
+    schedules as the synchronous one does, and the replay must model it so."""
+    stepped = scheduler(scheduler_config=SimpleNamespace(long_prefill_token_threshold=0, watermark=0.01,
+                                                         enable_chunked_prefill=True, async_scheduling=False))
+    assert engine_settings(stepped, is_async=True).async_scheduling is False
+    assert engine_settings(scheduler(), is_async=True).async_scheduling is True
+    assert engine_settings(scheduler(), is_async=False).async_scheduling is False
