@@ -36,6 +36,9 @@ PAPER_POOLS = {  # name → (model, gpus, tensor parallel, input price, output p
 }
 
 
+DIGEST_A, DIGEST_B = "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "sha256:bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
+
+
 def _pool(**fields: Any) -> dict[str, Any]:
     return {"name": "p", "model": "m", "replicas": 1, "gpusPerReplica": 1, "tensorParallelSize": 1,
             "prices": {"inputPerMTokens": 0.1, "outputPerMTokens": 0.2}, **fields}
@@ -78,10 +81,15 @@ GOOD_CASES: dict[str, tuple[list[str], dict[str, Any]]] = {
                                    "persistentVolumeClaim": {"claimName": "007", "subPath": "1.10"}}}}),
     "scrape-annotations-overridden": ([], {"vllm": {"podAnnotations": {"prometheus.io/port": "8000"}}}),
     "ipv6-pods": ([str(EXAMPLES / "paper-pools.yaml")], {"podIPFamily": "IPv6"}),
+    "images-pinned-by-digest": ([], {"image": {"digest": DIGEST_A}, "vllm": {"image": {"digest": DIGEST_B}},
+                                    "redis": {"image": {"digest": DIGEST_A}},
+                                    "pools": [_pool(name="same"), _pool(name="own", image={"repository": "r/own"}),
+                                              _pool(name="pinned", image={"repository": "r/pin", "digest": DIGEST_A})]}),
 }
 # name → (release, namespace) where a case needs its own (others use RELEASE and NAMESPACE)
 RELEASE_AND_NAMESPACE = {"names-that-look-like-scalars": ("123", "2024"),
-                         "release-name-starting-with-a-digit": ("123", NAMESPACE)}
+                         "release-name-starting-with-a-digit": ("123", NAMESPACE),
+                         "release-name-with-a-dot": ("bear.prod", NAMESPACE)}
 # name → (values, what the error must say); refused by values.schema.json
 SCHEMA_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
     "unknown-pool-key": ({"pools": [_pool(gpus=2)]}, "additional properties 'gpus'"),
@@ -109,6 +117,16 @@ SCHEMA_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
     "shm-size-not-a-quantity": ({"vllm": {"shmSizeLimit": "16 GB"}}, "shmSizeLimit"),
     "sampler-ratio-not-a-number": ({"otel": {"samplerArg": "abc"}}, "samplerArg"),
     "sampler-ratio-above-1": ({"otel": {"samplerArg": 2}}, "samplerArg"),
+    "digest-in-the-repository": ({"image": {"repository": f"ghcr.io/acme/bear@{DIGEST_A}"}}, "/image/repository"),
+    "digest-in-the-tag": ({"image": {"tag": f"0.1.0@{DIGEST_A}"}}, "/image/tag"),
+    "digest-not-sha256": ({"vllm": {"image": {"digest": "latest"}}}, "/vllm/image/digest"),
+    "redis-url-without-a-host": ({"redis": {"enabled": False, "url": "redis://"}}, "/redis/url"),
+    "redis-url-port-not-a-number": ({"redis": {"enabled": False, "url": "redis://redis:notaport/0"}}, "/redis/url"),
+    "redis-url-database-not-a-number": ({"redis": {"enabled": False, "url": "redis://redis:6379/cache"}},
+                                        "/redis/url"),
+    "redis-timeout-over-an-hour": ({"redis": {"timeoutSeconds": 7200}}, "/redis/timeoutSeconds"),
+    "snapshotter-poll-over-a-minute": ({"vllm": {"snapshotter": {"pollIntervalMs": 120000}}},
+                                       "/vllm/snapshotter/pollIntervalMs"),
 }
 # name → (values, what the error must say); refused by the templates' own checks
 TEMPLATE_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
@@ -133,6 +151,22 @@ TEMPLATE_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
     "tls-over-a-unix-socket": ({"redis": {"enabled": False, "url": "unix:///run/redis.sock", "tls": {"enabled": True}}},
                                "redis.tls.enabled does not apply to the unix:// socket"),
     "release-name-starting-with-a-digit": ({}, "Service names must start with a letter: set fullnameOverride"),
+    "release-name-with-a-dot": ({}, "Service names take only lower-case letters, digits and '-'"),
+    "tls-secret-for-a-plain-redis-url": ({"redis": {"enabled": False, "url": "redis://redis.data:6380/0", "tls": {
+        "enabled": False, "existingSecret": "redis-ca"}}}, "BEAR talks plain TCP to redis://redis.data:6380/0"),
+    "role-bound-to-the-default-account": ({"serviceAccount": {"create": False}},
+                                          "with serviceAccount.create=false, set serviceAccount.name"),
+    "extra-args-served-model-name": ({"vllm": {"extraArgs": ["--served-model-name", "foo"]}},
+                                     "vllm.extraArgs: --served-model-name is a flag the chart sets for pools["),
+    "extra-args-port": ({"vllm": {"extraArgs": ["--port=9000"]}}, "vllm.extraArgs: --port=9000 is a flag"),
+    "extra-args-engine-setting": ({"pools": [_pool(engine={"maxNumSeqs": 64})],
+                                   "vllm": {"extraArgs": ["--max_num_seqs", "128"]}},
+                                  "vllm.extraArgs: --max_num_seqs is a flag the chart sets for pools[p]"),
+    "snapshot-age-within-the-idle-refresh": ({"estimator": {"maxSnapshotAgeSeconds": 0.5}},
+                                             "estimator.maxSnapshotAgeSeconds (0.5) must exceed"),
+    "snapshot-age-within-a-longer-idle-refresh": ({"estimator": {"maxSnapshotAgeSeconds": 1.0}, "vllm": {
+        "snapshotter": {"env": [{"name": "BEAR_SNAPSHOT_REFRESH_S", "value": "2"}]}}},
+        "idle refresh interval (BEAR_SNAPSHOT_REFRESH_S, 2 s)"),
 }
 
 
@@ -612,6 +646,22 @@ def test_the_bundled_redis_takes_the_password_from_the_secret_too(reports: dict[
     report = reports["everything-off"]
     assert not of_kind(report, "NetworkPolicy") and not of_kind(report, "Role")
     assert component(report, "Deployment", "router")["spec"]["template"]["spec"]["serviceAccountName"] == "shared"
+
+
+def test_a_digest_pins_the_image_it_was_given_for_and_no_other(reports: dict[str, Any]) -> None:
+    report = reports["images-pinned-by-digest"]
+    pools = engines(report)
+    assert container(pools["same"], "vllm")["image"] == f"ghcr.io/bear-router/vllm-bear@{DIGEST_B}"
+    assert container(pools["own"], "vllm")["image"] == "r/own:0.1.0"  # another repository: not vllm.image's digest
+    assert container(pools["pinned"], "vllm")["image"] == f"r/pin@{DIGEST_A}"
+    assert container(pools["same"], "snapshotter")["image"] == f"ghcr.io/bear-router/bear@{DIGEST_A}"
+    for name in ("router", "estimator"):
+        assert container(component(report, "Deployment", name), name)["image"] == f"ghcr.io/bear-router/bear@{DIGEST_A}"
+    # The predictor image is another image: the BEAR image's digest does not pin it.
+    assert container(component(report, "Deployment", "predictor"), "predictor")["image"] == \
+        "ghcr.io/bear-router/bear-predictor:0.1.0"
+    (redis,) = of_kind(report, "StatefulSet").values()
+    assert redis["spec"]["template"]["spec"]["containers"][0]["image"] == f"redis@{DIGEST_A}"
 
 
 def test_the_predictor_artifact_can_be_baked_into_an_image(reports: dict[str, Any]) -> None:

@@ -76,17 +76,34 @@ bear.dev/pool: {{ .pool.name | quote }}
 {{- end -}}
 {{- end -}}
 
-{{/* "repository:tag" with the tag (a string, by the schema) defaulting to the appVersion: (dict "root" $ "image" $image) */}}
 {{/* The predictor's image with source image (a YAML map: read it with fromYaml): predictor.artifact.image, whose
-empty fields come from the BEAR image's, and whose repository is by default the BEAR image's + "-predictor". */}}
+empty fields come from the BEAR image's, and whose repository is by default the BEAR image's + "-predictor". Never the
+BEAR image's digest: that pins another image. */}}
 {{- define "bear.predictorImage" -}}
 {{- $artifact := .Values.predictor.artifact.image -}}
 {{- $repository := default (printf "%s-predictor" .Values.image.repository) $artifact.repository -}}
-{{- toYaml (merge (dict "repository" $repository) (deepCopy $artifact) (deepCopy .Values.image)) -}}
+{{- toYaml (merge (dict "repository" $repository) (deepCopy $artifact) (omit .Values.image "digest")) -}}
 {{- end -}}
 
+{{/* A pool's vLLM image (a YAML map: read it with fromYaml): the pool's `image` over vllm.image; a pool that names
+its own repository takes no digest from vllm.image (it pins another image). (dict "root" $ "pool" $pool) */}}
+{{- define "bear.poolImage" -}}
+{{- $over := default (dict) .pool.image -}}
+{{- $base := deepCopy .root.Values.vllm.image -}}
+{{- if $over.repository -}}
+{{- $base = omit $base "digest" -}}
+{{- end -}}
+{{- toYaml (mergeOverwrite $base (deepCopy $over)) -}}
+{{- end -}}
+
+{{/* "repository@digest" when a digest pins the image, else "repository:tag" with the tag (a string, by the schema)
+defaulting to the appVersion: (dict "root" $ "image" $image) */}}
 {{- define "bear.imageRef" -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" .image.repository .image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The name BEAR and clients know a pool's model by: servedModelName, else the last component of the model's path. */}}
@@ -270,13 +287,21 @@ whose vLLM metrics are to be scraped instead). (dict "root" $ "port" 9464 "extra
 {{- if not (regexMatch "^[a-z]" $fullname) -}}
 {{- fail (printf "the resource names start with %q, but Service names must start with a letter: set fullnameOverride" $fullname) -}}
 {{- end -}}
+{{- if not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" $fullname) -}}
+{{- fail (printf "the resource names start with %q, but Service names take only lower-case letters, digits and '-' (a DNS-1035 label): choose another release name or set fullnameOverride" $fullname) -}}
+{{- end -}}
 {{- include "bear.validateRedis" . -}}
+{{- if and .Values.rbac.create (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) -}}
+{{- fail "rbac.create would let the namespace's default service account, which every pod without one uses, read pods: with serviceAccount.create=false, set serviceAccount.name to the account the router and the estimator run as" -}}
+{{- end -}}
+{{- include "bear.validateSnapshotAge" . -}}
 {{- $names := list -}}
 {{- range .Values.pools -}}
 {{- if has .name $names -}}
 {{- fail (printf "pools: the name %q is used twice" .name) -}}
 {{- end -}}
 {{- $names = append $names .name -}}
+{{- include "bear.validateExtraArgs" (dict "pool" . "args" $.Values.vllm.extraArgs) -}}
 {{- $gpus := int .gpusPerReplica -}}
 {{- $tensorParallel := int (default 1 .tensorParallelSize) -}}
 {{- if and (gt $gpus 0) (gt $tensorParallel $gpus) -}}
@@ -315,5 +340,42 @@ whose vLLM metrics are to be scraped instead). (dict "root" $ "port" 9464 "extra
 {{- end -}}
 {{- if and $tls.certKey (not $tls.existingSecret) -}}
 {{- fail "redis.tls.certKey and redis.tls.keyKey are keys of redis.tls.existingSecret: set it to the Secret that holds them" -}}
+{{- end -}}
+{{- if and (not $redis.enabled) $tls.existingSecret (not (include "bear.redisUsesTls" .)) -}}
+{{- fail (printf "redis.tls.existingSecret is set, but BEAR talks plain TCP to %s: set redis.tls.enabled=true (or use a rediss:// URL), or leave existingSecret empty" $redis.url) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Flags of `vllm serve` the chart sets itself, which vllm.extraArgs must not set again (vLLM would take the
+last, and the probes, the pools file or the pool's engine settings would say otherwise): (dict "pool" $pool "args"
+$.Values.vllm.extraArgs) */}}
+{{- define "bear.validateExtraArgs" -}}
+{{- $engine := default (dict) .pool.engine -}}
+{{- $owned := list "--host" "--port" "--served-model-name" "--scheduler-cls" "--async-scheduling" "--no-async-scheduling" "--tensor-parallel-size" "-tp" -}}
+{{- range $key, $flag := dict "maxNumBatchedTokens" "--max-num-batched-tokens" "maxNumSeqs" "--max-num-seqs" "blockSize" "--block-size" "maxModelLen" "--max-model-len" "gpuMemoryUtilization" "--gpu-memory-utilization" -}}
+{{- if not (kindIs "invalid" (index $engine $key)) -}}
+{{- $owned = append $owned $flag -}}
+{{- end -}}
+{{- end -}}
+{{- range .args -}}
+{{- $flag := regexReplaceAll "_" (first (splitList "=" (toString .))) "-" -}}
+{{- if has $flag $owned -}}
+{{- fail (printf "vllm.extraArgs: %s is a flag the chart sets for pools[%s]; set it through the values instead (the pool's engine settings, tensorParallelSize, servedModelName, vllm.port, vllm.asyncScheduling)" (toString .) $.pool.name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The estimator's age limit must exceed the interval at which the snapshotters republish an idle engine's state
+(BEAR_SNAPSHOT_REFRESH_S, 0.5 s unless vllm.snapshotter.env says otherwise): idle instances would fall back to LPS
+between two refreshes. */}}
+{{- define "bear.validateSnapshotAge" -}}
+{{- $refresh := 0.5 -}}
+{{- range .Values.vllm.snapshotter.env -}}
+{{- if and (eq (toString .name) "BEAR_SNAPSHOT_REFRESH_S") .value -}}
+{{- $refresh = float64 .value -}}
+{{- end -}}
+{{- end -}}
+{{- if le (float64 .Values.estimator.maxSnapshotAgeSeconds) $refresh -}}
+{{- fail (printf "estimator.maxSnapshotAgeSeconds (%v) must exceed the snapshotters' idle refresh interval (BEAR_SNAPSHOT_REFRESH_S, %v s): an idle instance's snapshot is that old before its next refresh, and would fall back to LPS" .Values.estimator.maxSnapshotAgeSeconds $refresh) -}}
 {{- end -}}
 {{- end -}}
