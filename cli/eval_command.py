@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TypeVar
@@ -22,23 +23,45 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "rate-sweep figures; `full` adds every experiment.",
     )
     parser.add_argument("mode", choices=("quick", "full"))
-    parser.add_argument("--out", type=Path, required=True, help="output folder (created)")
+    parser.add_argument("--out", required=True, help="output folder (created; checked before the run)")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    problem = _out_problem(args.out)
+    if problem:
+        print(f"bear eval: --out {args.out!r}: {problem}", file=sys.stderr)
+        return 2
     from bear.evaluation import runs  # heavy: only when the command runs
 
     def say(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
     try:
-        summary = (runs.quick if args.mode == "quick" else runs.full)(args.out, _progress, say)
+        summary = (runs.quick if args.mode == "quick" else runs.full)(Path(args.out), _progress, say)
     except OSError as error:
         print(f"bear eval: --out {args.out}: {error.strerror or error}", file=sys.stderr)
         return 2
     print(json.dumps({k: summary[k] for k in ("saturation_qps", "ttft_mape", "batch_time_mape", "bear_gain")}))
     return 0
+
+
+def _out_problem(out: str) -> str | None:
+    """Why the results could not be written into `out` at the end of a run (minutes to an hour away), or None; the
+    folder exists from here on. A file is written and removed to find out: permissions alone do not tell (a
+    read-only or special file system)."""
+    if not out.strip():
+        return "empty: name the output folder"
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        return "exists and is not a folder"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".bear-eval-", suffix=".probe"):
+            pass
+    except OSError as error:
+        return f"cannot write there: {error.strerror or error}"
+    return None
 
 
 def _progress(items: Iterable[T], description: str, total: int) -> Iterable[T]:

@@ -125,11 +125,35 @@ def _markdown(summary: dict[str, Any], scenario: Scenario) -> str:
         "(bear.predictor.synthetic_corpus) the predictor was not trained on. Figures are from one run of this "
         "program; see summary.json.",
         f"Saturation rate: **{summary['saturation_qps']} qps**. TTFT MAPE (BEAR's routed queries up to saturation): "
-        f"{summary['ttft_mape']}. Batch-time MAPE (eq. 12 on profiled steps): {summary['batch_time_mape']}.",
-        f"BEAR vs the best baseline: {summary['bear_gain']}",
+        f"{_ttft_mapes_text(summary['ttft_mape'])}. Batch-time MAPE (eq. 12 on profiled steps): "
+        f"{_percent(summary['batch_time_mape'])}.",
+        f"BEAR vs the baselines (OnTimeUtility): {_gains_text(summary['bear_gain'], rates)}.",
         "## OnTimeUtility (eq. 6)", markdown_table(header, rows),
         "## SLO attainment", markdown_table(header, slo),
         "## Profiled instances",
         markdown_table(["instance", "service rate (qps)", "concurrency", "prefill tokens/s", "eq. 12 MAPE"],
                        profiles),
     ]) + "\n"
+
+
+def _percent(fraction: float | None, signed: bool = False) -> str:
+    """A fraction as a percentage for the Markdown summary; n/a for None (no figure)."""
+    if fraction is None:
+        return "n/a"
+    return f"{100 * fraction:+.1f}%" if signed else f"{100 * fraction:.1f}%"
+
+
+def _ttft_mapes_text(mapes: dict[str, float | None]) -> str:
+    return (f"BEA {_percent(mapes['bea'])} (with oracle output lengths {_percent(mapes['bea-oracle-lengths'])}), "
+            f"eq. 8 {_percent(mapes['prefill-tps'])}")
+
+
+def _gains_text(gain: dict[str, Any], rates: list[float]) -> str:
+    per_rate = ", ".join(f"{_percent(v, signed=True)} at {r:g} qps"
+                         for v, r in zip(gain["over_best_baseline_per_rate"], rates, strict=True))
+    parts = [f"{_percent(gain['mean_over_best_baseline_0.3x_to_1x'], signed=True)} over the best baseline on average "
+             f"from 0.3x to 1x saturation ({per_rate})",
+             "never below it" if gain["never_below_best_baseline"] else "below it at some rate"]
+    parts += [f"{_percent(gain[f'mean_over_{name}'], signed=True)} over {label} on average"
+              for name, label in (("score", "SCORE"), ("routebalance", "RouteBalance")) if f"mean_over_{name}" in gain]
+    return "; ".join(parts)

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from bear.evaluation.experiments import QUICK, RateSweep, parse_policy
-from bear.evaluation.runs import _gains
+from bear.evaluation.runs import _gains, _gains_text, _ttft_mapes_text
 from bear.routing.contract import Decision
 
 
@@ -52,3 +52,14 @@ def test_a_policy_spec_parses_numbers_and_bad_values_are_named() -> None:
     with pytest.raises(ValueError, match="has no parameter 'speed'"):
         parse_policy("bear:speed=1")
 
+
+
+def test_the_markdown_summary_says_the_gains_and_errors_in_words_not_python_dicts() -> None:
+    gains = _gains(_sweep({"bear": [0.6, 0.5, 0.1], "score": [0.5, 0.4, 0.0], "routebalance": [0.4, -0.01, -0.02]}))
+    text = _gains_text(gains, [5.0, 10.0, 50.0])
+    assert text.startswith("+22.5% over the best baseline on average from 0.3x to 1x saturation (+20.0% at 5 qps, "
+                           "+25.0% at 10 qps, n/a at 50 qps); never below it; +22.5% over SCORE on average; "
+                           "+50.0% over RouteBalance on average")
+    assert _ttft_mapes_text({"bea": 0.0634, "bea-oracle-lengths": None, "prefill-tps": 0.66}) == \
+        "BEA 6.3% (with oracle output lengths n/a), eq. 8 66.0%"
+    assert "{" not in text and "True" not in text

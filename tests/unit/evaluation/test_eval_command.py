@@ -1,0 +1,33 @@
+"""`bear eval --out`: a folder the results cannot be written into is refused before the run (minutes to an hour),
+not after it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+BEAR = shutil.which("bear") or str(Path(__file__).resolve().parents[3] / ".venv" / "bin" / "bear")
+
+
+@pytest.mark.parametrize(("out", "says"), [
+    ("", "empty: name the output folder"),
+    ("   ", "empty: name the output folder"),
+    ("/etc/hostname", "exists and is not a folder"),
+    ("/etc/hostname/results", "cannot write there: Not a directory"),
+    ("/proc/results", "cannot write there"),
+])
+def test_an_output_folder_it_cannot_write_is_refused_at_once(out: str, says: str) -> None:
+    done = subprocess.run([BEAR, "eval", "quick", "--out", out], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and says in done.stderr, done.stderr
+    assert "building the setting" not in done.stderr  # nothing ran
+
+
+def test_a_missing_folder_is_created_and_left_empty(tmp_path: Path) -> None:
+    from bear.cli.eval_command import _out_problem
+
+    out = tmp_path / "a" / "b"
+    assert _out_problem(str(out)) is None
+    assert out.is_dir() and list(out.iterdir()) == []
