@@ -93,14 +93,21 @@ class EstimatorService:
 
         return register(self.servicer)(server)
 
+    def start_discovery(self) -> None:
+        """Starts discovery's watchers; a discovery that cannot start (kubernetes outside a cluster: no service
+        account, no kubeconfig) is a ServiceStartError, as in the router: the setting asks for what cannot be."""
+        from bear.common.service import ServiceStartError
+
+        if self.discovery is None:
+            return
+        try:
+            self.discovery.start()
+        except Exception as error:  # noqa: BLE001 - e.g. kubernetes' ConfigException
+            raise ServiceStartError(f"bear serve estimator: BEAR_DISCOVERY={self.config.discovery.mode}: discovery "
+                                    f"cannot start ({type(error).__name__}: {error})") from None
+
     async def run_background(self) -> None:
-        """The feed (and discovery's watchers) until cancelled."""
-        if self.discovery is not None:
-            try:
-                self.discovery.start()
-            except Exception:  # noqa: BLE001 - e.g. no Kubernetes credentials: Redis registrations still work
-                logger.exception("discovery did not start; instances come from Redis registrations only")
-                self.discovery = None
+        """The feed until cancelled (discovery's watchers run on their own threads)."""
         await self.feed.run()
 
     async def close(self) -> None:
@@ -138,6 +145,7 @@ async def start(config: EstimatorConfig, clock: Callable[[], float] = time.time)
 
     service = EstimatorService(config, clock)
     try:
+        service.start_discovery()
         running = await start_server(service.settings(), service.register, [service.servicer.streams.close])
     except BaseException:  # e.g. ServiceStartError: its Redis connections close all the same
         await service.close()
@@ -152,6 +160,11 @@ async def serve(config: EstimatorConfig,
     from bear.estimator.metrics import FeedCollector, register_feed
 
     service = EstimatorService(config)
+    try:
+        service.start_discovery()
+    except BaseException:
+        await service.close()
+        raise
     unregister = register_feed(FeedCollector(service.estimator, service.feed, service.remaining))
     logger.info("estimator: Redis %s, remaining lengths from %s, snapshots older than %.2f s fall back to LPS",
                 config.redis.describe(), _remaining_description(config), config.max_snapshot_age_s)

@@ -141,6 +141,17 @@ def test_bear_serve_refuses_a_bad_pools_file(service: str, content: str | bytes 
     assert "Traceback" not in completed.stderr
 
 
+@pytest.mark.parametrize("service", ["estimator", "router"])
+def test_bear_serve_refuses_kubernetes_discovery_without_credentials(service: str, tmp_path: Path) -> None:
+    """As the router, the estimator does not serve on without the discovery its settings ask for."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("BEAR_", "KUBERNETES_"))}
+    completed = subprocess.run([BEAR, "serve", service, "--grpc-port", "0", "--metrics-port", "off"],
+                               capture_output=True, text=True, timeout=120,
+                               env={**environ, "BEAR_DISCOVERY": "kubernetes", "BEAR_REDIS_URL": UNREACHABLE_REDIS,
+                                    "KUBECONFIG": str(tmp_path / "no-kubeconfig"), "HOME": str(tmp_path)})
+    _assert_refused(completed, service, "BEAR_DISCOVERY=kubernetes: discovery cannot start (ConfigException")
+
+
 @pytest.mark.parametrize("url", ["redis://localhost:99999/0", "redis://:::bad"])
 @pytest.mark.parametrize("service", ["estimator", "router", "snapshotter"])
 def test_bear_serve_refuses_a_redis_url_with_a_bad_port_naming_the_setting(service: str, url: str,
