@@ -22,29 +22,31 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+
+from bear.cli.arguments import int_in
+
+from arguments import positive_finite_float, positive_int_list
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests.redis_server: the redis-server the integration tests use
 
 MODEL = "Qwen3-8B"  # a model of the predictor's catalogue, so that remaining lengths come from its distribution
+# Each published instance runs at most MAX_NUM_SEQS requests (the estimator refuses a snapshot with more running) and
+# has NUM_GPU_BLOCKS blocks, BLOCKS_PER_RESIDENT of them held by each resident (the rest is its num_free_blocks, a
+# uint32: more residents than fit make the publisher fail). MAX_RESIDENTS is the lower of the two limits.
+MAX_NUM_SEQS = 256
+NUM_GPU_BLOCKS = 20_000
+BLOCKS_PER_RESIDENT = 48
+MAX_RESIDENTS = min(MAX_NUM_SEQS, NUM_GPU_BLOCKS // BLOCKS_PER_RESIDENT)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--instances", default="1,4,16", help="comma-separated numbers of instances")
-    parser.add_argument("--residents", type=int, default=16, help="decoding requests per instance")
-    parser.add_argument("--step-ms", type=float, default=6.0, help="one snapshot per instance this often")
-    parser.add_argument("--seconds", type=float, default=10.0, help="length of each measurement")
-    parser.add_argument("--publish", nargs=4, metavar=("REDIS_URL", "INSTANCES", "RESIDENTS", "STEP_MS"),
-                        help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args()
     if args.publish:
         url, instances, residents, step_ms = args.publish
         return _publish(url, int(instances), int(residents), float(step_ms) / 1000)
-    counts = [int(part) for part in args.instances.split(",")]
-    if any(count < 1 for count in counts) or args.residents < 0 or args.step_ms <= 0 or args.seconds <= 0:
-        parser.error("--instances must be positive integers; --residents >= 0; --step-ms and --seconds > 0")
 
     from bear.demo.assets import predictor_artifact
     from bear.demo.services import ServiceProcess
@@ -66,13 +68,29 @@ def main() -> int:
                       f"instance every {args.step_ms:g} ms, {os.cpu_count()} CPUs")
                 print(f"{'instances':>9} {'snapshots/s':>11} | {'estimator CPU':>13} {'us/snapshot':>11} | "
                       f"{'age p50':>8} {'age p99':>8} {'replay':>7}")
-                for count in counts:
+                for count in args.instances:
                     print(_measure(redis_server.url, estimator, count, args), flush=True)
             finally:
                 estimator.stop()
     finally:
         redis_server.stop()
     return 0
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--instances", type=positive_int_list, default=[1, 4, 16],
+                        help="comma-separated numbers of instances (default 1,4,16)")
+    parser.add_argument("--residents", type=int_in(0, MAX_RESIDENTS), default=16,
+                        help=f"decoding requests per instance, at most {MAX_RESIDENTS}: the instances' max_num_seqs "
+                             "(default 16)")
+    parser.add_argument("--step-ms", type=positive_finite_float, default=6.0,
+                        help="one snapshot per instance this often, in ms (default 6)")
+    parser.add_argument("--seconds", type=positive_finite_float, default=10.0,
+                        help="length of each measurement in seconds (default 10)")
+    parser.add_argument("--publish", nargs=4, metavar=("REDIS_URL", "INSTANCES", "RESIDENTS", "STEP_MS"),
+                        help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
 
 
 def _measure(redis_url: str, estimator, count: int, args: argparse.Namespace) -> str:  # noqa: ANN001 - ServiceProcess
@@ -145,8 +163,8 @@ def _publish(redis_url: str, count: int, residents: int, step_s: float) -> int:
 
     client = redis.Redis.from_url(redis_url)
     now = time.time()
-    engine = snapshot_pb2.EngineConfig(max_num_batched_tokens=8192, max_num_seqs=256, block_size=16,
-                                       num_gpu_blocks=20_000, max_model_len=32_768, enable_chunked_prefill=True)
+    engine = snapshot_pb2.EngineConfig(max_num_batched_tokens=8192, max_num_seqs=MAX_NUM_SEQS, block_size=16,
+                                       num_gpu_blocks=NUM_GPU_BLOCKS, max_model_len=32_768, enable_chunked_prefill=True)
     coefficients = calibration_pb2.BatchTimeCoefficients(
         intercept_s=0.004, per_token_s=2e-5, per_decode_context_token_s=1e-8, per_prefill_attention_token_s=1e-9,
         num_samples=500, mape=0.05, prefill_tokens_per_s=40_000)
@@ -168,11 +186,11 @@ def _publish(redis_url: str, count: int, residents: int, step_s: float) -> int:
             pipe.zadd(redis_keys.dispatches_key(instance_id), {request_id: now - 5})
             requests.append(snapshot_pb2.RequestState(request_id=f"cmpl-{request_id}-0", num_prompt_tokens=300,
                                                       num_computed_tokens=300 + 20 * k, num_output_tokens=1 + 20 * k,
-                                                      num_allocated_blocks=48))
+                                                      num_allocated_blocks=BLOCKS_PER_RESIDENT))
         pipe.execute()
         snapshots.append(snapshot_pb2.InstanceSnapshot(
             instance_id=instance_id, pool="bench", model=MODEL, engine=engine, running=requests,
-            num_free_blocks=20_000 - 48 * residents, batch_time=coefficients))
+            num_free_blocks=NUM_GPU_BLOCKS - BLOCKS_PER_RESIDENT * residents, batch_time=coefficients))
     counter = Path(tempfile.gettempdir()) / f"feed-bench-published-{os.getpid()}"
     staged = counter.with_suffix(".next")
     stopped = False

@@ -6,7 +6,7 @@ held-out synthetic prompts of each regime. It also times the parts on the same p
 model evaluations through the C API (the production path) and through lightgbm.Booster.predict (the alternative),
 and prints one row per regime with median and p99 in µs.
 
-    python benchmarks/predictor_bench.py [--model-dir DIR] [--prompts-per-task 50] [--calls 200]
+    python benchmarks/predictor_bench.py [--model-dir DIR | --train-rows 6000] [--prompts-per-task 50] [--calls 200]
 """
 
 from __future__ import annotations
@@ -14,24 +14,33 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
 import lightgbm
 import numpy as np
 
+from bear.cli.arguments import MAX_SEED, seed
 from bear.predictor.catalog import PAPER_POOL
 from bear.predictor.compiled_booster import CompiledBooster
-from bear.predictor.features import FEATURE_NAMES, model_features, prompt_features, rows_for_prompt
+from bear.predictor.features import (FEATURE_NAMES, PROJECTION_DIMENSIONS, model_features, prompt_features,
+                                     rows_for_prompt)
 from bear.predictor.predictor import Predictor, load_predictor
 from bear.predictor.synthetic_corpus import TASKS, generate
 from bear.predictor.tokenizers import get_tokenizer
-from bear.predictor.training import TrainingConfig, train
+from bear.predictor.training import MIN_ROWS_PER_MODEL, TrainingConfig, train
+
+from arguments import int_at_least, positive_int
+
+# The fewest synthetic rows training accepts. `generate` has every prompt answered by every model in turn (the last
+# prompt perhaps by fewer), and `train` needs at least MIN_ROWS_PER_MODEL rows of each model (60 rows for the paper's
+# three models) and more than 2 * PROJECTION_DIMENSIONS distinct prompts (97 rows: 33 prompts).
+MIN_TRAIN_ROWS = max(MIN_ROWS_PER_MODEL * len(PAPER_POOL), 2 * PROJECTION_DIMENSIONS * len(PAPER_POOL) + 1)
 
 
 def main() -> int:
-    args = _parse_args()
+    args = parse_args()
     predictor = _predictor(args)
     held_out = generate(args.prompts_per_task * len(TASKS) * len(PAPER_POOL), seed=args.seed + 1).table
     prompts_by_task = {task: list(dict.fromkeys(p for p, t in zip(held_out.prompts, held_out.tasks, strict=True)
@@ -95,14 +104,18 @@ def _per_call_us(call: Callable[[], object], calls: int) -> list[float]:
     return times
 
 
-def _parse_args() -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-dir", help="a trained predictor (default: train one on the synthetic corpus)")
-    parser.add_argument("--train-rows", type=int, default=6000)
-    parser.add_argument("--prompts-per-task", type=int, default=50)
-    parser.add_argument("--calls", type=int, default=200, help="timed calls per prompt")
-    parser.add_argument("--seed", type=int, default=1)
-    return parser.parse_args()
+    parser.add_argument("--train-rows", type=int_at_least(MIN_TRAIN_ROWS), default=6000,
+                        help=f"synthetic rows to train on without --model-dir, at least {MIN_TRAIN_ROWS} (default "
+                             "6000)")
+    parser.add_argument("--prompts-per-task", type=positive_int, default=50,
+                        help="held-out prompts timed per task (default 50)")
+    parser.add_argument("--calls", type=positive_int, default=200, help="timed calls per prompt (default 200)")
+    parser.add_argument("--seed", type=seed, default=1,
+                        help=f"of the training table and the held-out one, an integer in [0, {MAX_SEED}] (default 1)")
+    return parser.parse_args(argv)
 
 
 if __name__ == "__main__":

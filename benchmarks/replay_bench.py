@@ -7,33 +7,40 @@ the snapshot to the query's first token. For each case this script times the est
 reference, checks that the replay's first-token batch equals vLLM's, and prints one row per (R, B) with ratios
 measured in the same run.
 
-    python benchmarks/replay_bench.py --vllm-python .venv-vllm/bin/python [--cases-per-point 5] [--cases FILE]
+    python benchmarks/replay_bench.py --vllm-python .venv-vllm/bin/python [--residents 16,64,128,512]
+        [--budgets 2048,8192] [--cases-per-point 5] [--calls 300] [--cases FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from bear.core import _native
 from bear.core.case import parse_case
-from bear.core.replay import ReplayEngine, estimate, prepare, replay
+from bear.core.replay import DEFAULT_MAX_STEPS, ReplayEngine, estimate, prepare, replay
+
+from arguments import positive_int, positive_int_list
 
 DRIVER = Path(__file__).resolve().parent.parent / "tests" / "conformance" / "vllm_driver.py"
 
 
 def main() -> int:
-    args = _parse_args()
+    args = parse_args()
     records = _load_cases(args)
+    if not records:
+        raise SystemExit("no bench cases to measure (an empty --cases file, or the driver skipped every case)")
     rows: dict[tuple[int, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for record in records:
         point = (record["meta"]["bench"]["residents"], record["meta"]["bench"]["budget"])
@@ -53,8 +60,10 @@ def _measure(record: dict, calls: int) -> dict[str, list[float]]:
     production = _per_call_us(lambda: estimate(prepared, case.query, case.coefficients), calls)
     query = _native.Query(case.query.num_prompt_tokens, case.query.output_tokens)
     coefficients = _native.BatchTimeCoefficients(*(getattr(case.coefficients, b) for b in ("b0", "b1", "b2", "b3")))
-    core = _per_call_us(lambda: _native.replay(prepared.native, query, coefficients, float("inf"), False, True, 10**6),
-                        calls)
+    # The bare compiled call as estimate() makes it: no horizon, no recorded batches, shortcuts on, the query at time 0
+    # with nothing in flight and no arrivals.
+    core_arguments = (prepared.native, query, coefficients, math.inf, False, True, DEFAULT_MAX_STEPS, 0.0, 0.0, [])
+    core = _per_call_us(lambda: _native.replay(*core_arguments), calls)
     reference = _per_call_us(
         lambda: replay(case.state, case.query, case.coefficients, engine=ReplayEngine.REFERENCE), 3)
     return {
@@ -106,22 +115,28 @@ def _load_cases(args: argparse.Namespace) -> list[dict]:
         return [json.loads(line) for line in Path(args.cases).read_text().splitlines()]
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "bench.jsonl"
-        subprocess.run([args.vllm_python, str(DRIVER), "--bench", "--residents", args.residents, "--budgets",
-                        args.budgets, "--cases-per-point", str(args.cases_per_point), "--seed", str(args.seed),
-                        "--mode", "sync", "--out", str(out)], check=True)
+        subprocess.run([args.vllm_python, str(DRIVER), "--bench", "--residents", _commas(args.residents),
+                        "--budgets", _commas(args.budgets), "--cases-per-point", str(args.cases_per_point),
+                        "--seed", str(args.seed), "--mode", "sync", "--out", str(out)], check=True)
         return [json.loads(line) for line in out.read_text().splitlines()]
 
 
-def _parse_args() -> argparse.Namespace:
+def _commas(values: list[int]) -> str:
+    return ",".join(map(str, values))
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vllm-python", default=".venv-vllm/bin/python")
     parser.add_argument("--cases", help="reuse a file written by vllm_driver.py --bench instead of generating one")
-    parser.add_argument("--residents", default="16,64,128,512")
-    parser.add_argument("--budgets", default="2048,8192")
-    parser.add_argument("--cases-per-point", type=int, default=5)
+    parser.add_argument("--residents", type=positive_int_list, default=[16, 64, 128, 512],
+                        help="comma-separated numbers of resident requests (default 16,64,128,512)")
+    parser.add_argument("--budgets", type=positive_int_list, default=[2048, 8192],
+                        help="comma-separated token budgets per step (default 2048,8192)")
+    parser.add_argument("--cases-per-point", type=positive_int, default=5, help="cases per (residents, budget)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--calls", type=int, default=300, help="timed estimates per case (compiled core)")
-    return parser.parse_args()
+    parser.add_argument("--calls", type=positive_int, default=300, help="timed estimates per case (compiled core)")
+    return parser.parse_args(argv)
 
 
 if __name__ == "__main__":

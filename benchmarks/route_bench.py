@@ -13,7 +13,8 @@ steadier figure than latency on a shared machine.
 It prints p50 / p99 at --rate (default 200 requests/s), then raises the rate until p99 exceeds --p99-limit-ms
 (default 10) and prints the highest rate that stayed within it.
 
-    python benchmarks/route_bench.py [--rate 200] [--seconds 10] [--prompts short|mixed] [--fakes] [--tracing]
+    python benchmarks/route_bench.py [--rate 200] [--seconds 10] [--sweep-seconds 5] [--p99-limit-ms 10]
+        [--prompts short|mixed] [--fakes] [--tracing]
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+
+from arguments import non_negative_finite_float, positive_finite_float
 
 INSTANCES = (("small-0", "small", "Qwen3-0.6B", 0.044, 0.173, 2, 1), ("medium-0", "medium", "Qwen3-8B", 0.072, 0.287,
              4, 0), ("large-0", "large", "Qwen3-32B", 0.287, 0.640, 8, 2))  # id, pool, model, prices, running, waiting
@@ -49,7 +52,7 @@ SHORT_PROMPTS = (
 
 
 def main() -> int:
-    args = _parse_args()
+    args = parse_args()
     if args.serve_fakes:
         return _serve_fakes()
     if args.publish_snapshots:
@@ -79,7 +82,7 @@ def main() -> int:
         print(_row(args.rate, result))
         print("   mean per stage inside the router: " + _stage_means(stages_before, _stage_seconds(router))
               + " (predict and estimate run at once; record is off the path)")
-        if args.sweep_seconds <= 0:
+        if args.sweep_seconds == 0:
             return 0
         best = None
         for rate in _rates(args.rate):
@@ -98,13 +101,16 @@ def main() -> int:
     return 0
 
 
-def _parse_args() -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rate", type=float, default=200.0, help="requests per second of the main measurement")
-    parser.add_argument("--seconds", type=float, default=10.0, help="length of the main measurement")
-    parser.add_argument("--sweep-seconds", type=float, default=5.0,
-                        help="length of each step of the rate sweep (0: no sweep)")
-    parser.add_argument("--p99-limit-ms", type=float, default=10.0)
+    parser.add_argument("--rate", type=positive_finite_float, default=200.0,
+                        help="requests per second of the main measurement; the sweep starts at 1.25x it (default 200)")
+    parser.add_argument("--seconds", type=positive_finite_float, default=10.0,
+                        help="length of the main measurement in seconds (default 10)")
+    parser.add_argument("--sweep-seconds", type=non_negative_finite_float, default=5.0,
+                        help="length of each step of the rate sweep in seconds (default 5; 0: no sweep)")
+    parser.add_argument("--p99-limit-ms", type=positive_finite_float, default=10.0,
+                        help="the sweep stops at the first rate whose client p99 exceeds this many ms (default 10)")
     parser.add_argument("--prompts", choices=("short", "mixed"), default="short",
                         help="short chat prompts (10-30 tokens), or the synthetic corpus's four regimes")
     parser.add_argument("--fakes", action="store_true", help="constant-answer fakes instead of the real services")
@@ -118,7 +124,7 @@ def _parse_args() -> argparse.Namespace:
                              "client makes them) or unary (off)")
     parser.add_argument("--serve-fakes", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--publish-snapshots", metavar="REDIS_URL", help=argparse.SUPPRESS)
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def _rates(start: float) -> list[float]:

@@ -21,7 +21,12 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+
+from bear.cli.arguments import MAX_SEED, seed
+
+from arguments import folder, output_file, positive_finite_float, positive_int
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the harness lives with the tests (tests/vllm_accuracy.py)
@@ -31,19 +36,8 @@ from tests import vllm_accuracy_diagnosis as diagnosis  # noqa: E402
 
 
 def main() -> int:
+    args = parse_args()
     defaults = harness.AccuracySettings()
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
-    parser.add_argument("--queries", type=int, default=defaults.num_queries)
-    parser.add_argument("--warmup", type=int, default=defaults.num_warmup_queries)
-    parser.add_argument("--rate", type=float, default=defaults.rate_qps, help="queries per second")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", type=Path, help="write the queries and the summary here")
-    parser.add_argument("--keep", type=Path, help="a folder for the logs (default: a temporary one, removed)")
-    parser.add_argument("--quiet", action="store_true", help="the summary only, no per-query table")
-    parser.add_argument("--diagnose", action="store_true", help="also each estimate re-done offline against the "
-                        "engine's steps (tests/vllm_accuracy_diagnosis.py)")
-    args = parser.parse_args()
     settings = dataclasses.replace(defaults, num_queries=args.queries, rate_qps=args.rate,
                                    num_warmup_queries=args.warmup, seed=args.seed)
     with tempfile.TemporaryDirectory(prefix="vllm-accuracy-") as temporary:
@@ -63,6 +57,28 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(harness.to_json(run, settings), indent=1))
     return 0
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    defaults = harness.AccuracySettings()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
+    parser.add_argument("--queries", type=positive_int, default=defaults.num_queries,
+                        help=f"measured queries, at least 1 (default {defaults.num_queries})")
+    parser.add_argument("--warmup", type=positive_int, default=defaults.num_warmup_queries,
+                        help=f"warm-up queries before them, at least 1 (default {defaults.num_warmup_queries})")
+    parser.add_argument("--rate", type=positive_finite_float, default=defaults.rate_qps,
+                        help=f"queries per second, a finite number > 0 (default {defaults.rate_qps:g})")
+    parser.add_argument("--seed", type=seed, default=defaults.seed,
+                        help=f"an integer in [0, {MAX_SEED}] (default {defaults.seed})")
+    parser.add_argument("--json", type=output_file, help="write the queries and the summary here (its folder must "
+                        "exist)")
+    parser.add_argument("--keep", type=folder, help="a folder for the logs, made if missing (default: a temporary "
+                        "one, removed)")
+    parser.add_argument("--quiet", action="store_true", help="the summary only, no per-query table")
+    parser.add_argument("--diagnose", action="store_true", help="also each estimate re-done offline against the "
+                        "engine's steps (tests/vllm_accuracy_diagnosis.py)")
+    return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
