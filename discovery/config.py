@@ -3,8 +3,8 @@
     BEAR_DISCOVERY                 static (default: the pools file's instances) or kubernetes (the pools' pods)
     BEAR_NAMESPACE                 namespace of the pods (kubernetes; default: this pod's, else "default")
     BEAR_POOLS_FILE                the pools file (bear.discovery.pools); empty: no pools
-    BEAR_DISCOVERY_WATCH_TIMEOUT_S how long one watch request lasts before it is renewed (default 300)
-    BEAR_DISCOVERY_BACKOFF_CAP_S   longest wait between retries after an API error (default 10)
+    BEAR_DISCOVERY_WATCH_TIMEOUT_S how long one watch request lasts before it is renewed (default 300, 1 to 86400)
+    BEAR_DISCOVERY_BACKOFF_CAP_S   longest wait between retries after an API error (default 10, 0.2 to 3600)
 """
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ SERVICE_ACCOUNT_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceacc
 
 ENVIRONMENT = ("BEAR_DISCOVERY", "BEAR_NAMESPACE", "BEAR_POOLS_FILE", "BEAR_DISCOVERY_WATCH_TIMEOUT_S",
                "BEAR_DISCOVERY_BACKOFF_CAP_S")
+MAX_WATCH_TIMEOUT_S = 86400.0  # a day (watches are normally renewed every few minutes)
+MAX_BACKOFF_CAP_S = 3600.0  # an hour (a longer wait would leave a pool that lost the API server stale for hours)
+
 
 @dataclass(frozen=True, slots=True)
 class DiscoveryConfig:
@@ -35,10 +38,12 @@ class DiscoveryConfig:
             raise ValueError(f"BEAR_DISCOVERY must be one of {', '.join(MODES)}, got {self.mode!r}")
         if not self.namespace:
             raise ValueError("BEAR_NAMESPACE must not be empty")
-        if not self.watch_timeout_s >= 1:
-            raise ValueError(f"BEAR_DISCOVERY_WATCH_TIMEOUT_S must be >= 1, got {self.watch_timeout_s}")
-        if not 0 < self.backoff_base_s <= self.backoff_cap_s:
-            raise ValueError(f"BEAR_DISCOVERY_BACKOFF_CAP_S must be >= {self.backoff_base_s}, got {self.backoff_cap_s}")
+        if not 1 <= self.watch_timeout_s <= MAX_WATCH_TIMEOUT_S:  # also refuses nan and inf
+            raise ValueError(f"BEAR_DISCOVERY_WATCH_TIMEOUT_S must be >= 1 and <= {MAX_WATCH_TIMEOUT_S:g} (a day), "
+                             f"got {self.watch_timeout_s}")
+        if not 0 < self.backoff_base_s <= self.backoff_cap_s <= MAX_BACKOFF_CAP_S:
+            raise ValueError(f"BEAR_DISCOVERY_BACKOFF_CAP_S must be >= {self.backoff_base_s} and <= "
+                             f"{MAX_BACKOFF_CAP_S:g} (an hour), got {self.backoff_cap_s}")
 
     @staticmethod
     def from_environ(environ: Mapping[str, str],

@@ -8,6 +8,7 @@ service account (the chart's Role allows get/list/watch on pods, nothing else); 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from collections.abc import Mapping
@@ -15,9 +16,11 @@ from collections.abc import Mapping
 from kubernetes import client, config
 
 from bear.discovery.instances import Instance, InstanceTable, Listener
-from bear.discovery.pod_watcher import PodWatcher
+from bear.discovery.pod_watcher import ANSWER_TIMEOUT_S, STOP_WAIT_S, PodWatcher
 from bear.discovery.pools import PoolSpec
 from bear.snapshotter.backoff import Backoff
+
+logger = logging.getLogger("bear.discovery")
 
 
 def load_api_client() -> client.ApiClient:
@@ -60,8 +63,16 @@ class KubernetesDiscovery:
             watcher.start()
 
     def stop(self) -> None:
+        """Stops every watcher at once and waits for their threads, STOP_WAIT_S at most in all."""
         for watcher in self._watchers:
-            watcher.stop()
+            watcher.request_stop()
+        deadline_s = time.monotonic() + STOP_WAIT_S
+        waiting = [watcher.pool.name for watcher in self._watchers
+                   if not watcher.join(max(0.0, deadline_s - time.monotonic()))]
+        if waiting:
+            logger.info("pool(s) %s: stopped while waiting for the API server's answer; the watcher thread ends when "
+                        "it comes or the request times out (%.0f s per try), and applies nothing", ", ".join(waiting),
+                        ANSWER_TIMEOUT_S)
         self._watchers.clear()
         if self._owns_client and self._api_client is not None:
             self._api_client.close()

@@ -13,11 +13,18 @@ Invariant: after every applied list or event, the table holds exactly the routab
 those the watcher has seen, so a pod that stops being ready stops being routed to within one event. The back-off is
 reset only by a watch that delivered an event or ran for at least half its timeout, so a server that lists but cannot
 watch is not hammered.
+
+Stopping: `request_stop()` shuts the open watch's connection down, so its read ends at once. A list or a new watch
+the server has not answered yet cannot be interrupted (the client exposes no connection before the answer): the
+thread ends when the answer comes or the request times out (ANSWER_TIMEOUT_S per try, after CONNECT_TIMEOUT_S to
+connect), and applies nothing once stopping.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import threading
 import time
 from typing import Any
@@ -32,8 +39,9 @@ from bear.snapshotter.backoff import Backoff
 logger = logging.getLogger("bear.discovery")
 
 CONNECT_TIMEOUT_S = 5.0
-LIST_TIMEOUT_S = 30.0
+ANSWER_TIMEOUT_S = 30.0  # how long a list, or a new watch, may wait for the server's answer
 WATCH_READ_MARGIN_S = 30.0  # a watch whose server stays silent this long past its timeoutSeconds is dead
+STOP_WAIT_S = 1.0  # how long stopping waits for the threads; only an unanswered request outlasts it
 HTTP_GONE = 410
 
 
@@ -50,21 +58,26 @@ class PodWatcher:
         self._watch_timeout_s = watch_timeout_s
         self._backoff = backoff
         self._stopping = threading.Event()
-        self._watch: watch.Watch | None = None
+        self._response: Any = None  # the open watch's HTTP response (urllib3), from the server's answer on
         self._routable: dict[str, Instance] = {}
         self._thread = threading.Thread(target=self._run, name=f"bear-discovery-{pool.name}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout_s: float = 5.0) -> None:
+    def request_stop(self) -> None:
+        """Returns at once: the thread stops, at once unless it waits for an answer (see the module's doc)."""
         self._stopping.set()
-        deadline_s = time.monotonic() + timeout_s
-        while self._thread.is_alive() and time.monotonic() < deadline_s:
-            current = self._watch
-            if current is not None:
-                current.stop()  # shuts the streaming socket down (once its response has begun): the read ends
-            self._thread.join(0.05)
+        _shut_down(self._response)
+
+    def join(self, timeout_s: float) -> bool:
+        """True once the thread has ended."""
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def stop(self, timeout_s: float = STOP_WAIT_S) -> bool:
+        self.request_stop()
+        return self.join(timeout_s)
 
     def _run(self) -> None:
         while not self._stopping.is_set():
@@ -85,7 +98,9 @@ class PodWatcher:
 
     def _list(self) -> str:
         pods = self._api.list_namespaced_pod(self._namespace, label_selector=self.pool.label_selector,
-                                             _request_timeout=(CONNECT_TIMEOUT_S, LIST_TIMEOUT_S))
+                                             _request_timeout=(CONNECT_TIMEOUT_S, ANSWER_TIMEOUT_S))
+        if self._stopping.is_set():  # stopped while the server was answering: apply nothing more
+            return str(pods.metadata.resource_version)
         self._routable = {pod.metadata.name: instance_of(pod, self.pool) for pod in pods.items if is_routable(pod)}
         self._table.set_pool(self.pool.name, self._routable)
         self.synced.set()
@@ -93,27 +108,38 @@ class PodWatcher:
 
     def _watch_from(self, resource_version: str) -> str:
         """Applies events until the server ends the watch; returns the last resourceVersion seen."""
-        self._watch = current = watch.Watch()
-        stream = current.stream(
-            self._api.list_namespaced_pod, self._namespace, label_selector=self.pool.label_selector,
+        stream = watch.Watch(return_type="V1Pod").stream(
+            self._open_watch, self._namespace, label_selector=self.pool.label_selector,
             resource_version=resource_version, allow_watch_bookmarks=True,
             timeout_seconds=max(1, int(self._watch_timeout_s)),
-            _request_timeout=(CONNECT_TIMEOUT_S, self._watch_timeout_s + WATCH_READ_MARGIN_S))
+            _request_timeout=(CONNECT_TIMEOUT_S, ANSWER_TIMEOUT_S))
         started_s, received = time.monotonic(), False
         try:
             for event in stream:
+                if self._stopping.is_set():
+                    break
                 resource_version = self._apply(event) or resource_version
                 received = True
                 self._backoff.succeeded()
-                if self._stopping.is_set():
-                    break
         finally:
             stream.close()
-            self._watch = None
+            self._response = None
         if not received and not self._stopping.is_set() and time.monotonic() - started_s < self._watch_timeout_s / 2:
             raise WatchEndedEarly("the server ended the watch early without an event")
         self._backoff.succeeded()
         return resource_version
+
+    def _open_watch(self, *args: Any, **kwargs: Any) -> Any:
+        """The watch request, as Watch.stream makes it. Once the server has answered, the stream may stay silent for
+        as long as the watch lasts; its response is kept, for request_stop() to shut its connection down."""
+        response = self._api.list_namespaced_pod(*args, **kwargs)
+        connection = _socket_of(response)
+        if connection is not None:
+            connection.settimeout(self._watch_timeout_s + WATCH_READ_MARGIN_S)
+        self._response = response
+        if self._stopping.is_set():  # request_stop() came before the response was kept: it could not shut it
+            _shut_down(response)
+        return response
 
     def _apply(self, event: dict[str, Any]) -> str | None:
         if event["type"] == "BOOKMARK":
@@ -126,6 +152,18 @@ class PodWatcher:
             self._routable.pop(name, None)
         self._table.set_pool(self.pool.name, self._routable)
         return str(pod.metadata.resource_version)
+
+
+def _socket_of(response: Any) -> socket.socket | None:
+    return getattr(getattr(response, "connection", None), "sock", None)
+
+
+def _shut_down(response: Any) -> None:
+    """Ends the response's reads at once, from any thread (closing it from here could wait on the reader's locks)."""
+    connection = _socket_of(response)
+    if connection is not None:
+        with contextlib.suppress(OSError):
+            connection.shutdown(socket.SHUT_RDWR)
 
 
 def _describe(error: Exception) -> str:

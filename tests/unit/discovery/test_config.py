@@ -35,7 +35,20 @@ def test_the_namespace_defaults_to_the_pods_own(tmp_path: Path) -> None:
     ({"BEAR_DISCOVERY_WATCH_TIMEOUT_S": "0"}, "BEAR_DISCOVERY_WATCH_TIMEOUT_S"),
     ({"BEAR_DISCOVERY_WATCH_TIMEOUT_S": "soon"}, "BEAR_DISCOVERY_WATCH_TIMEOUT_S"),
     ({"BEAR_DISCOVERY_BACKOFF_CAP_S": "0.01"}, "BEAR_DISCOVERY_BACKOFF_CAP_S"),
+    ({"BEAR_DISCOVERY_WATCH_TIMEOUT_S": "inf"}, r"BEAR_DISCOVERY_WATCH_TIMEOUT_S must be >= 1 and <= 86400 \(a day\)"),
+    ({"BEAR_DISCOVERY_WATCH_TIMEOUT_S": "nan"}, "BEAR_DISCOVERY_WATCH_TIMEOUT_S"),
+    ({"BEAR_DISCOVERY_WATCH_TIMEOUT_S": "9.3e9"}, "BEAR_DISCOVERY_WATCH_TIMEOUT_S"),  # overflowed time_t in every watch
+    ({"BEAR_DISCOVERY_WATCH_TIMEOUT_S": "86401"}, "BEAR_DISCOVERY_WATCH_TIMEOUT_S"),
+    ({"BEAR_DISCOVERY_BACKOFF_CAP_S": "inf"}, r"BEAR_DISCOVERY_BACKOFF_CAP_S must be >= 0.2 and <= 3600 \(an hour\)"),
+    ({"BEAR_DISCOVERY_BACKOFF_CAP_S": "1e308"}, "BEAR_DISCOVERY_BACKOFF_CAP_S"),
+    ({"BEAR_DISCOVERY_BACKOFF_CAP_S": "3601"}, "BEAR_DISCOVERY_BACKOFF_CAP_S"),
 ])
 def test_bad_settings_name_the_variable(environ: dict[str, str], names: str, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=names):
         DiscoveryConfig.from_environ(environ, namespace_file=tmp_path / "absent")
+
+
+def test_the_bounds_themselves_are_accepted(tmp_path: Path) -> None:
+    config = DiscoveryConfig.from_environ({"BEAR_DISCOVERY_WATCH_TIMEOUT_S": "86400",
+                                           "BEAR_DISCOVERY_BACKOFF_CAP_S": "3600"}, namespace_file=tmp_path / "x")
+    assert (config.watch_timeout_s, config.backoff_cap_s) == (86400.0, 3600.0)

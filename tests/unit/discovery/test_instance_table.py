@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import threading
 
 import pytest
@@ -96,3 +97,56 @@ def test_an_asyncio_listener_is_called_on_its_loop() -> None:
 
     change, thread = asyncio.run(scenario())
     assert [i.instance_id for i in change.added] == ["a"] and thread is threading.main_thread()
+
+
+def test_an_id_claimed_by_two_pools_stays_with_the_first_and_the_other_is_told_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    table, changes = InstanceTable(), []
+    table.add_listener(changes.append)
+    small, large = _instance("large-0", "small"), _instance("large-0", "large")
+    with caplog.at_level(logging.WARNING, logger="bear.discovery"):
+        table.set_pool("small", {"large-0": small})
+        assert table.set_pool("large", {"large-0": large}) is None  # both selectors match the pod: first claim wins
+        assert table.set_pool("large", {"large-0": _instance("large-0", "large", ip="10.0.0.2")}) is None
+        assert table.set_pool("small", {"large-0": small}) is None
+    assert table.instances() == {"large-0": small}
+    warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "large-0" in warnings[0] and "pools small and large" in warnings[0]
+
+    handed_over = table.set_pool("small", {})  # the holder lets go: the other claim takes the id, an update
+    assert handed_over is not None and (handed_over.added, handed_over.removed) == ((), ())
+    assert [i.pool for i in handed_over.updated] == ["large"] and table.instances()["large-0"].pool == "large"
+    gone = table.set_pool("large", {})
+    assert gone is not None and [i.pool for i in gone.removed] == ["large"] and not table.instances()
+    assert [len(change.added) for change in changes] == [1, 0, 0]
+
+
+def test_a_static_instance_keeps_its_id_against_a_pod_named_like_it(caplog: pytest.LogCaptureFixture) -> None:
+    table = InstanceTable()
+    external = Instance("ext-0", "external", "Qwen3-8B", "http://192.0.2.10:8000", "192.0.2.10:50071")
+    table.set_pool("external", {"ext-0": external})
+    with caplog.at_level(logging.WARNING, logger="bear.discovery"):
+        assert table.set_pool("small", {"ext-0": _instance("ext-0", "small")}) is None
+    assert table.instances() == {"ext-0": external} and "pools external and small" in caplog.text
+
+
+def test_every_change_is_the_diff_of_two_snapshots_whatever_the_pools_claim() -> None:
+    """Three pools claiming overlapping ids in a random order: a replica built from the changes alone always equals
+    the table, an added id was absent before, an updated or removed one present, and a removed one is gone."""
+    table, rng = InstanceTable(), random.Random(7)
+    replica: dict[str, Instance] = {}
+
+    def apply(change: Change) -> None:
+        assert all(i.instance_id not in replica for i in change.added)
+        assert all(i.instance_id in replica for i in change.updated + change.removed)
+        assert all(i.instance_id not in change.instances for i in change.removed)
+        replica.update({i.instance_id: i for i in change.added + change.updated})
+        for gone in change.removed:
+            del replica[gone.instance_id]
+
+    table.add_listener(apply)
+    for _ in range(500):
+        pool = rng.choice(["small", "medium", "large"])
+        ids = rng.sample(["a", "b", "c", "d", "e"], rng.randint(0, 4))
+        table.set_pool(pool, {i: _instance(i, pool, ip=f"10.0.0.{rng.randint(1, 3)}") for i in ids})
+        assert replica == dict(table.instances())
