@@ -19,7 +19,12 @@ class DuplicateKeyError(yaml.constructor.ConstructorError):
         return f"line {mark.line + 1}: {self.problem}" if mark is not None else str(self.problem)
 
 
-class _StrictLoader(yaml.SafeLoader):
+# PyYAML's C parser where the wheel has it (about 10x faster on large pools files), its pure-Python one otherwise; the
+# constructor, and with it the check below, is Python in both.
+_SafeLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _StrictLoader(_SafeLoader):  # type: ignore[valid-type,misc]
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, yaml.Mark] = {}
         for key_node, _ in node.value:
