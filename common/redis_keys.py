@@ -6,7 +6,9 @@ and is rebuilt within one snapshot interval.
     bear:instance:<id>             InstanceRegistration, with a TTL refreshed while the instance lives
     bear:snapshot:<id>             InstanceSnapshot, the latest one, with the same TTL
     bear:coefficients:<id>         BatchTimeCoefficients, the latest fit, with the same TTL
-    channel bear:snapshots         every published InstanceSnapshot (it carries the instance id and the coefficients)
+    channel bear:snapshots         every published InstanceSnapshot (it carries the instance id and the coefficients);
+                                   `bear:snapshots:db<N>` for database N > 0: Redis' channels span its databases, so
+                                   the name keeps the pools of two databases apart (`snapshots_channel`)
     bear:dispatch:<request id>     DispatchRecord of a routed query (router → estimator), with a TTL (DISPATCH_TTL_S)
     bear:dispatches:<id>           sorted set: request ids routed to the instance → dispatch time (Unix seconds);
                                    entries older than DISPATCH_TTL_S are trimmed by the writer
@@ -22,6 +24,16 @@ INSTANCES_WINDOW_S = 600.0  # an instance whose entry in INSTANCES is older is g
 PRESENT = "bear:present"
 DISPATCH_TTL_S = 600.0  # a dispatch record outlives any request BEAR estimates for
 SNAPSHOTS_CHANNEL = "bear:snapshots"
+
+
+def snapshots_channel(database: int) -> str:
+    """The snapshots channel of the pool whose keys are in `database` (0: bear:snapshots)."""
+    return SNAPSHOTS_CHANNEL if database == 0 else f"{SNAPSHOTS_CHANNEL}:db{database}"
+
+
+def database_of(client: object) -> int:
+    """The database number a redis-py client (blocking or asyncio) was opened on."""
+    return int(client.connection_pool.connection_kwargs.get("db") or 0)  # type: ignore[attr-defined]
 
 
 def instance_key(instance_id: str) -> str:

@@ -2,10 +2,11 @@
 
 Four loops share the loop with the Estimate calls, which only ever read the estimator's memory:
 
-- **subscription** to `bear:snapshots`: every published snapshot is offered; a snapshot not yet adopted is replaced
-  by a newer one of the same instance (only the latest matters). A snapshot the estimator cannot trust (its times
-  not plausible, or more rows than the snapshotter writes: `admission.refusal`) is refused when offered, before any
-  work on its rows, and counted with those the replay cannot use; the instance keeps the snapshot it has.
+- **subscription** to `bear:snapshots` (`bear:snapshots:db<N>` on database N > 0: channels span databases): every
+  published snapshot is offered; a snapshot not yet adopted is replaced by a newer one of the same instance (only the
+  latest matters). A snapshot the estimator cannot trust (its times not plausible, or more rows than the snapshotter
+  writes: `admission.refusal`) is refused when offered, before any work on its rows, and counted with those the
+  replay cannot use; the instance keeps the snapshot it has.
 - **adoption**: the offered snapshots are adopted together. First, in one round trip, the dispatch records
   (`bear:dispatch:<request id>`) of residents the estimator has none for, found through the engine's request ids
   (`request_key`); then their remaining lengths (`RemainingLengths.resolve`, one call per model); then each snapshot
@@ -105,6 +106,7 @@ class SnapshotFeed:
                  clock: Callable[[], float] = time.time) -> None:
         self._estimator = estimator
         self._client = client
+        self._channel = redis_keys.snapshots_channel(redis_keys.database_of(client))
         self._remaining = remaining
         self._settings = settings
         self._request_key = request_key
@@ -156,7 +158,7 @@ class SnapshotFeed:
         while True:
             pubsub = self._client.pubsub()
             try:
-                await asyncio.wait_for(pubsub.subscribe(redis_keys.SNAPSHOTS_CHANNEL), self._settings.redis_deadline_s)
+                await asyncio.wait_for(pubsub.subscribe(self._channel), self._settings.redis_deadline_s)
                 self.stats.subscribed = True
                 self._estimator.feed_cut_off = False
                 if backoff.failures:
@@ -420,7 +422,7 @@ class SnapshotFeed:
         try:
             snapshot = snapshot_pb2.InstanceSnapshot.FromString(payload)
         except Exception:  # noqa: BLE001 - DecodeError: not a snapshot; skip it
-            logger.debug("undecodable message on %s", redis_keys.SNAPSHOTS_CHANNEL)
+            logger.debug("undecodable message on %s", self._channel)
             return
         self.offer(snapshot)
 

@@ -31,6 +31,7 @@ class RedisPublisher:
     def __init__(self, client: redis.Redis, instance_id: str, ttl_s: float, heartbeat_s: float,
                  backoff: Backoff | None = None, clock: Callable[[], float] = time.time):
         self._client = client
+        self._channel = redis_keys.snapshots_channel(redis_keys.database_of(client))
         self._instance_id = instance_id
         self._ttl_ms = int(ttl_s * 1000)
         self._heartbeat_s = heartbeat_s
@@ -135,7 +136,7 @@ class RedisPublisher:
         if snapshot is not None:
             payload = snapshot.SerializeToString()
             pipe.set(redis_keys.snapshot_key(instance_id), payload, px=ttl_ms)
-            pipe.publish(redis_keys.SNAPSHOTS_CHANNEL, payload)
+            pipe.publish(self._channel, payload)
         coefficients = self._coefficients
         if coefficients is not None and (coefficients_pending or heartbeat):
             pipe.set(redis_keys.coefficients_key(instance_id), coefficients.SerializeToString(), px=ttl_ms)

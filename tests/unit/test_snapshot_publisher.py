@@ -142,3 +142,25 @@ def test_a_withdrawn_registration_is_deleted_at_once_and_again_after_redis_comes
         wait_until(lambda: client.get(keys[0]) is None and client.zscore(redis_keys.INSTANCES, "pod-1") is None)
     finally:
         publisher.stop()
+
+
+def test_a_pool_in_another_database_announces_on_a_channel_of_its_own(server: fakeredis.FakeServer) -> None:
+    """Redis' channels span its databases: a pool in database 5 must not feed the estimators of database 0."""
+    client = fakeredis.FakeRedis(server=server, db=5)
+    publisher = RedisPublisher(client, "pod-1", ttl_s=5.0, heartbeat_s=0.2, backoff=Backoff(base_s=0.01, cap_s=0.05))
+    default, own = client.pubsub(ignore_subscribe_messages=True), client.pubsub(ignore_subscribe_messages=True)
+    default.subscribe(redis_keys.SNAPSHOTS_CHANNEL)
+    own.subscribe("bear:snapshots:db5")
+    publisher.start()
+    try:
+        publisher.offer_snapshot(snapshot(3))
+        wait_until(lambda: client.get(redis_keys.snapshot_key("pod-1")) is not None)
+        received = [m for m in (own.get_message(timeout=0.1) for _ in range(20)) if m is not None]
+        assert [snapshot_pb2.InstanceSnapshot.FromString(m["data"]) for m in received] == [snapshot(3)]
+        assert all(default.get_message(timeout=0.02) is None for _ in range(5))
+    finally:
+        publisher.stop()
+        default.close()
+        own.close()
+        client.close()
+    assert redis_keys.snapshots_channel(0) == "bear:snapshots"
