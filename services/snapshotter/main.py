@@ -75,7 +75,7 @@ def run(config: SnapshotterConfig, stop: threading.Event | None = None,
             metrics_server.shutdown()
             metrics_server.server_close()
         server.stop(grace=1.0).wait()
-        publisher.stop()
+        publisher.stop(withdraw=True)
         reader.close()
         client.close()
 

@@ -82,12 +82,22 @@ class RedisPublisher:
         self._thread = threading.Thread(target=self._run, name="bear-snapshot-publisher", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout_s: float = 5.0) -> None:
+    def stop(self, timeout_s: float = 5.0, *, withdraw: bool = False) -> None:
+        """Ends the publishing thread; with `withdraw`, then deletes the instance's registration, snapshot and entry
+        in the set of instances once (the sidecar is going away: routers drop the instance now, not when its TTL runs
+        out, and a new pool under the same ids is not mistaken for it). A Redis failure there is logged, not raised."""
         with self._wake:
             self._stopping = True
+            registered = self._registration is not None
             self._wake.notify()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        if withdraw and registered:
+            try:
+                self._withdraw()
+            except Exception as error:  # noqa: BLE001 - redis.RedisError, OSError: the TTL removes it in time
+                logger.warning("instance %s not withdrawn from Redis at shutdown (%r): it expires with its TTL",
+                               self._instance_id, error)
 
     def _run(self) -> None:
         while True:
@@ -127,7 +137,7 @@ class RedisPublisher:
         pipe.delete(redis_keys.instance_key(instance_id), redis_keys.snapshot_key(instance_id))
         pipe.zrem(redis_keys.INSTANCES, instance_id)
         pipe.execute()
-        logger.info("instance %s withdrawn from Redis (no live engine)", instance_id)
+        logger.info("instance %s withdrawn from Redis", instance_id)
 
     def _send(self, snapshot: snapshot_pb2.InstanceSnapshot | None, coefficients_pending: bool,
               heartbeat: bool) -> None:

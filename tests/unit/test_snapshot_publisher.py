@@ -164,3 +164,29 @@ def test_a_pool_in_another_database_announces_on_a_channel_of_its_own(server: fa
         own.close()
         client.close()
     assert redis_keys.snapshots_channel(0) == "bear:snapshots"
+
+
+def test_a_sidecar_that_stops_withdraws_its_instance(client: fakeredis.FakeRedis) -> None:
+    """Routers drop it at once, and a new pool under the same ids (a demo run again) is not mistaken for it."""
+    publisher = RedisPublisher(client, "pod-1", ttl_s=5.0, heartbeat_s=0.2, backoff=Backoff(base_s=0.01, cap_s=0.05))
+    publisher.start()
+    publisher.set_registration(snapshot_pb2.InstanceRegistration(instance_id="pod-1", pool="small", model="m"))
+    publisher.offer_snapshot(snapshot(1))
+    wait_until(lambda: client.get(redis_keys.instance_key("pod-1")) is not None
+               and client.get(redis_keys.snapshot_key("pod-1")) is not None)
+    publisher.stop(withdraw=True)
+    assert client.get(redis_keys.instance_key("pod-1")) is None and client.get(redis_keys.snapshot_key("pod-1")) is None
+    assert client.zscore(redis_keys.INSTANCES, "pod-1") is None
+
+
+def test_a_sidecar_stopping_while_redis_is_down_says_so_and_stops(server: fakeredis.FakeServer,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    client = fakeredis.FakeRedis(server=server)
+    publisher = RedisPublisher(client, "pod-1", ttl_s=5.0, heartbeat_s=0.2, backoff=Backoff(base_s=0.01, cap_s=0.05))
+    publisher.start()
+    publisher.set_registration(snapshot_pb2.InstanceRegistration(instance_id="pod-1", pool="small", model="m"))
+    wait_until(lambda: client.get(redis_keys.instance_key("pod-1")) is not None)
+    server.connected = False
+    publisher.stop(withdraw=True)
+    assert "not withdrawn from Redis at shutdown" in caplog.text
+    client.close()
