@@ -79,9 +79,10 @@ class PredictorArtifact:
     baselines: Mapping[str, ConstantBaseline]  # by model name
     training: Mapping[str, Any]  # summary of the training run
 
-    def save(self, folder: Path, *, replace: bool = False) -> None:
+    def save(self, folder: Path | str, *, replace: bool = False) -> None:
         """Writes the artifact into `folder` (written whole in a sibling, then renamed into place); see
         `save_problem` for the folders it takes."""
+        folder = Path(folder)
         problem = save_problem(folder, replace)
         if problem is not None:
             raise FileExistsError(problem)
@@ -114,7 +115,8 @@ class PredictorArtifact:
             raise
 
     @staticmethod
-    def load(folder: Path) -> PredictorArtifact:
+    def load(folder: Path | str) -> PredictorArtifact:
+        folder = Path(folder)
         texts = _verified_files(folder)
         stored_spec, current_spec = _decode(texts, folder, "features.json"), feature_spec()
         if stored_spec != current_spec:

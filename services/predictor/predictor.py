@@ -122,7 +122,7 @@ class Predictor:
         return accuracy, np.maximum(scale * to_mean, 1.0)
 
 
-def load_predictor(folder: Path) -> Predictor:
+def load_predictor(folder: Path | str) -> Predictor:
     artifact = PredictorArtifact.load(folder)
     try:
         return Predictor(artifact)

@@ -1,6 +1,9 @@
 """vLLM scheduler classes that publish the engine's state into a snapshot region after every step.
 
-    BEAR_SNAPSHOT_REGION=bear-snapshot vllm serve MODEL --scheduler-cls bear.snapshotter.plugin.SnapshotScheduler
+    BEAR_SNAPSHOT_REGION=bear-snapshot vllm serve MODEL --no-async-scheduling
+        --scheduler-cls bear.snapshotter.plugin.SnapshotScheduler
+
+(always say which: vLLM turns async scheduling on by itself where the platform supports it, and the class must match)
 
 `SnapshotScheduler` is vLLM's synchronous `Scheduler`, `AsyncSnapshotScheduler` its `AsyncScheduler` (async scheduling,
 the GPU default; pass it together with `--async-scheduling`). They schedule exactly as their base classes do; the

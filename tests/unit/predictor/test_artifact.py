@@ -31,7 +31,7 @@ def _rewrite(folder: Path, name: str, text: str, *, fix_checksum: bool) -> None:
 
 
 def test_a_loaded_predictor_predicts_exactly_what_the_trained_one_did(saved: Path) -> None:
-    trained, loaded = Predictor(trained_artifact()), load_predictor(saved)
+    trained, loaded = Predictor(trained_artifact()), load_predictor(str(saved))  # a path as text works too
     for prompt in PROMPTS:
         assert loaded.predict(prompt) == trained.predict(prompt)
     assert loaded.catalog == trained.catalog
