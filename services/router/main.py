@@ -145,42 +145,10 @@ def _built_policy(build_policy: Callable[..., Any], name: str, params: dict[str,
     """One policy with its BEAR_ROUTER_POLICY_PARAMS; a ValueError naming the variable, the policy and the parameter
     when they do not make one."""
     try:
-        if params:
-            _check_param_types(type(build_policy(name)), params)
         return build_policy(name, params)
     except (TypeError, ValueError) as error:
         named = str(error).startswith(f"policy {name!r}")
         raise ValueError(f"BEAR_ROUTER_POLICY_PARAMS: {'' if named else f'policy {name!r}: '}{error}") from None
-
-
-_JSON_TYPES: dict[Any, tuple[tuple[type, ...], str]] = {  # a field's type → the JSON values it takes, in words
-    float: ((int, float), "a number"), int: ((int,), "an integer"), str: ((str,), "a string"),
-    bool: ((bool,), "true or false"), type(None): ((type(None),), "null")}
-
-
-def _check_param_types(policy: type, params: dict[str, Any]) -> None:
-    """Each parameter's JSON value against the type of the policy's field (float, int, str, bool, or one of them or
-    None); other annotations are left to the policy."""
-    import dataclasses
-    import types
-    import typing
-
-    try:
-        hints = typing.get_type_hints(policy)
-    except Exception:  # noqa: BLE001 - an annotation that does not resolve here: the policy checks its own values
-        return
-    fields = {f.name for f in dataclasses.fields(policy) if f.init}
-    for key, value in params.items():
-        hint = hints.get(key)
-        if key not in fields or hint is None:
-            continue  # an unknown parameter: build_policy names it
-        allowed = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-        if not all(t in _JSON_TYPES for t in allowed):
-            continue
-        a_bool_for_a_number = isinstance(value, bool) and bool not in allowed  # JSON true is no number
-        if a_bool_for_a_number or not any(isinstance(value, _JSON_TYPES[t][0]) for t in allowed):
-            expected = " or ".join(_JSON_TYPES[t][1] for t in allowed)
-            raise ValueError(f"parameter {key!r} must be {expected}, got {value!r}")
 
 
 def token_counter(name: str) -> Callable[[str], int]:

@@ -100,3 +100,25 @@ def test_identical_candidates_go_to_the_documented_tie_break(name):
     expected = "a" if name == "round-robin" else "b"
 
     assert build_policy(name).choose(request(1.0), twins).instance_id == expected
+
+
+@pytest.mark.parametrize(("name", "params", "says"), [
+    ("bear", {"safety": "1.1"}, "parameter 'safety' must be a number, got '1.1'"),
+    ("bear", {"safety": True}, "parameter 'safety' must be a number, got True"),
+    ("bear", {"explore_idle": "false"}, "parameter 'explore_idle' must be true or false, got 'false'"),
+    ("bear", {"explore_idle": None}, "parameter 'explore_idle' must be true or false"),
+    ("bear", {"fallback": 3}, "parameter 'fallback' must be a string"),
+])
+def test_a_parameter_of_the_wrong_type_is_named(name, params, says):
+    """The library refuses what BEAR_ROUTER_POLICY_PARAMS refuses: a string "false" would be true, "1.1" no number."""
+    with pytest.raises(ValueError, match=re.escape(f"policy {name!r}: {says}")):
+        build_policy(name, params)
+
+
+@pytest.mark.parametrize("name", ISSUE_NAMES)
+def test_every_numeric_parameter_of_every_policy_refuses_text(name):
+    policy = build_policy(name)
+    for field in dataclasses.fields(policy):
+        if field.init and isinstance(getattr(policy, field.name), float):
+            with pytest.raises(ValueError, match=f"parameter '{field.name}' must be a number"):
+                build_policy(name, {field.name: "1"})
