@@ -49,20 +49,20 @@ FULL = EvalPlan(ScenarioConfig(train_rows=7500, test_prompts=2500, profile_queri
 
 
 def parse_policy(spec: str):  # noqa: ANN201 - a routing Policy
-    """`name` or `name:key=value,key=value` (numbers where they parse as numbers: integers, then floats, `inf` and
-    `nan` included, for the policy to judge); ValueError naming the policy when the values do not make one."""
+    """`name` or `name:key=value,key=value` (true and false as such, numbers where they parse as numbers: integers,
+    then floats, `inf` and `nan` included, for the policy to judge); ValueError naming the policy and the parameter
+    when the values do not make one (build_policy)."""
     name, _, args = spec.partition(":")
     params: dict[str, Any] = {}
     for pair in filter(None, args.split(",")):
         key, _, value = pair.partition("=")
-        params[key] = _number_or_text(value)
-    try:
-        return build_policy(name, params)
-    except TypeError as error:  # a text where the policy needs a number
-        raise ValueError(f"policy {name!r} ({args}): {error}") from None
+        params[key] = _value(value)
+    return build_policy(name, params)
 
 
-def _number_or_text(value: str) -> int | float | str:
+def _value(value: str) -> bool | int | float | str:
+    if value in ("true", "false"):
+        return value == "true"
     for kind in (int, float):
         try:
             return kind(value)

@@ -47,8 +47,9 @@ def test_a_policy_spec_parses_numbers_and_bad_values_are_named() -> None:
     assert (policy.safety, policy.shed_ratio, policy.fallback) == (2, 1.5, "shed")
     with pytest.raises(ValueError, match="safety must be a positive number, got inf"):  # a number, for the policy
         parse_policy("bear:safety=inf")
-    with pytest.raises(ValueError, match=r"policy 'bear' \(safety=abc\)"):  # not a TypeError
+    with pytest.raises(ValueError, match="policy 'bear': parameter 'safety' must be a number, got 'abc'"):
         parse_policy("bear:safety=abc")
+    assert parse_policy("bear:explore_idle=false").explore_idle is False
     with pytest.raises(ValueError, match="has no parameter 'speed'"):
         parse_policy("bear:speed=1")
 
