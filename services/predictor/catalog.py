@@ -85,6 +85,17 @@ class Catalog:
                 return model
         raise UnknownModelError(f"unknown model {shown(name)}; the catalogue has {', '.join(self.names)}")
 
+    def resolve(self, model: str) -> str:
+        """The catalogue's name of `model`: its own, or that of a repository id `org/name` whose `name` is in the
+        catalogue (`Qwen/Qwen3-8B` → `Qwen3-8B`, as clients and vLLM name models)."""
+        try:
+            return self.spec(model).name
+        except UnknownModelError:
+            short = model.rsplit("/", 1)[-1]
+            if short != model and short in self.names:
+                return short
+            raise
+
     def index(self, name: str) -> int:
         """The model's categorical id."""
         return self.names.index(self.spec(name).name)

@@ -62,10 +62,11 @@ class Predictor:
         self._tokenizers = {name: get_tokenizer(name) for name in self.catalog.tokenizers}
 
     def predict(self, prompt: str, models: Sequence[str] | None = None) -> dict[str, ModelPrediction]:
-        """Predictions for `models` (default: the whole catalogue), in catalogue order."""
+        """Predictions for `models` (default: the whole catalogue; a repository id `org/name` names the catalogue's
+        `name`), in catalogue order, by catalogue name."""
         if not prompt.strip():
             raise EmptyPromptError("prompt is empty")
-        wanted = set(self.catalog.names) if models is None else {self.catalog.spec(m).name for m in models}
+        wanted = set(self.catalog.names) if models is None else {self.catalog.resolve(m) for m in models}
         out: dict[str, ModelPrediction] = {}
         for group in self._groups:
             chosen = [i for i, m in enumerate(group.models) if m in wanted]

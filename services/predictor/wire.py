@@ -97,9 +97,6 @@ def remaining_response(num_queries: int, groups: list[RemainingGroup],
 def _known_model(catalog: Catalog, model: str, where: str, by_repository_id: bool = False) -> str:
     """The catalogue's name of `model` (with `by_repository_id`, also of `org/name` where `name` is in it)."""
     try:
-        return catalog.spec(model).name
+        return catalog.resolve(model) if by_repository_id else catalog.spec(model).name
     except UnknownModelError as error:
-        short = model.rsplit("/", 1)[-1]
-        if by_repository_id and short != model and short in catalog.names:
-            return short
         raise InvalidRequest(f"{where}: {error}") from None

@@ -45,6 +45,14 @@ def test_a_subset_of_models(predictor: Predictor) -> None:
     assert chosen["Qwen3-32B"] == predictor.predict(PROMPTS[1])["Qwen3-32B"]
 
 
+def test_a_repository_id_names_the_catalogues_model(predictor: Predictor) -> None:
+    """As Predict over gRPC takes them (vLLM and clients name models `org/name`)."""
+    prompt = PROMPTS[0]
+    assert predictor.predict(prompt, ["Qwen/Qwen3-8B"]) == predictor.predict(prompt, ["Qwen3-8B"])
+    with pytest.raises(UnknownModelError, match="'Qwen/Qwen3-9B'"):
+        predictor.predict(prompt, ["Qwen/Qwen3-9B"])
+
+
 def test_the_batch_path_gives_the_single_prompt_numbers(predictor: Predictor) -> None:
     names = list(predictor.catalog.names)
     table = make_table([p for p in PROMPTS for _ in names], names * len(PROMPTS))
