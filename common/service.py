@@ -332,7 +332,8 @@ async def serve_until_stopped(settings: ServerSettings, register: Register,
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     tasks = [asyncio.create_task(task()) for task in background]
-    logger.info("%s listening on port %d (metrics: %s)", settings.service_name, running.port, metrics_port)
+    logger.info("%s listening on port %d (metrics: %s)", settings.service_name, running.port,
+                "off" if metrics_port is None else metrics_port)
     on_ready(running.port, metrics_port)
     await stop.wait()
     logger.info("%s shutting down", settings.service_name)

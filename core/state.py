@@ -112,7 +112,8 @@ def check_state(state: InstanceState) -> None:
     held = state.free_blocks + sum(r.num_allocated_blocks for r in state.running)
     _require(held <= engine.num_gpu_blocks, "running requests' blocks + free_blocks exceed num_gpu_blocks")
     ids = [r.id for r in state.running] + [r.id for r in state.waiting]
-    _require(len(set(ids)) == len(ids), "request ids must be unique")
+    twice = sorted({i for i in ids if ids.count(i) > 1}) if len(set(ids)) != len(ids) else []
+    _require(not twice, f"request ids must be unique: {', '.join(map(repr, twice))} more than once")
 
 
 def check_query(query: Query, state: InstanceState, arrivals: Sequence[Arrival] = ()) -> None:

@@ -77,7 +77,7 @@ def test_a_prefilling_request_keeps_its_computed_tokens() -> None:
         ("running.0.num_output_placeholders", 1, "running[0].num_output_placeholders"),
         ("running.0.num_prompt_tokens", 900.0, "running[0].num_prompt_tokens: must be an integer"),
         ("waiting.0.num_computed_tokens", 10, "waiting[0].num_computed_tokens: must be 0"),
-        ("waiting.0.id", "a", "request ids must be unique"),
+        ("waiting.0.id", "a", "request ids must be unique: 'a' more than once"),
         ("waiting.0.colour", "red", "waiting[0].colour: unknown key"),
         ("query.id", "b", "query.id 'b' is also a resident request's id"),
         ("query.output_tokens", 0, "query.output_tokens: must be >= 1"),
