@@ -624,15 +624,17 @@ def test_long_names_are_cut_to_63_characters_with_a_hash_and_short_ones_kept(rep
         f"{RELEASE}-bear-engine-default"
     assert {s["metadata"]["name"] for s in of_kind(short, "Service").values()} == {
         f"{RELEASE}-bear-{name}" for name in ("router", "estimator", "predictor", "redis")}
-    names = {d["metadata"]["name"] for d in engines(reports["long-names"]).values()}  # both 67 characters uncut
-    assert len(names) == 2
-    for name in names:
-        assert name.startswith("bear-inference-router-production-us-east-1-engine-llam")
-        assert len(name) == 63 and re.search(r"-[0-9a-f]{8}$", name)
+    names = {pool: d["metadata"]["name"] for pool, d in engines(reports["long-names"]).items()}  # 67 characters uncut
+    assert len(set(names.values())) == 2
+    for pool, name in names.items():  # the beginning, a hash of the whole, and what the object is: its pool
+        assert name.startswith("bear-inference-router-produc") and name.endswith(f"-engine-{pool}")
+        assert len(name) == 63 and re.search(r"-[0-9a-f]{8}-engine-", name)
     long_fullname = reports["62-character-fullname"]
     services = {s["metadata"]["labels"]["app.kubernetes.io/component"]: s["metadata"]["name"]
                 for s in of_kind(long_fullname, "Service").values()}
     assert len(set(services.values())) == 4
+    for component_name, name in services.items():
+        assert len(name) <= 63 and name.endswith(f"-{component_name}"), name
     router = env(container(component(long_fullname, "Deployment", "router"), "router"))
     assert router["BEAR_REDIS_URL"] == f"redis://{services['redis']}:6379/0"
     assert router["BEAR_ESTIMATOR_ADDRESS"] == f"{services['estimator']}:50052"

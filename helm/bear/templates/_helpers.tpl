@@ -5,13 +5,18 @@
 {{- end -}}
 
 {{/* A name of at most `max` characters (63 for most objects) that stays unique: a longer one keeps its beginning
-and ends in a hash of the whole, so two long names with the same first characters still differ. A short name is
-kept as it is. (dict "name" $name "max" 63) */}}
+and its `suffix` (what tells the objects of a release apart: "-router", "-engine-<pool>") and puts a hash of the
+whole between them, so two long names with the same first characters still differ and still say what they are. A
+short name is kept as it is. (dict "name" $name "suffix" "-router" "max" 63); `name` is the whole when there is no
+suffix. */}}
 {{- define "bear.boundedName" -}}
-{{- if le (len .name) (int .max) -}}
-{{- .name -}}
+{{- $suffix := default "" .suffix -}}
+{{- $whole := printf "%s%s" .name $suffix -}}
+{{- if le (len $whole) (int .max) -}}
+{{- $whole -}}
 {{- else -}}
-{{- printf "%s-%s" (trunc (sub (int .max) 9 | int) .name | trimSuffix "-") (sha256sum .name | trunc 8) -}}
+{{- $room := sub (sub (int .max) 9) (len $suffix) | int -}}
+{{- printf "%s-%s%s" (trunc $room .name | trimSuffix "-") (sha256sum $whole | trunc 8) $suffix -}}
 {{- end -}}
 {{- end -}}
 
@@ -26,18 +31,18 @@ kept as it is. (dict "name" $name "max" 63) */}}
 
 {{/* A component's resource name: (dict "root" $ "component" "router") */}}
 {{- define "bear.componentName" -}}
-{{- include "bear.boundedName" (dict "name" (printf "%s-%s" (include "bear.fullname" .root) .component) "max" 63) -}}
+{{- include "bear.boundedName" (dict "name" (include "bear.fullname" .root) "suffix" (printf "-%s" .component) "max" 63) -}}
 {{- end -}}
 
 {{/* A pool's resource name: (dict "root" $ "pool" $pool) */}}
 {{- define "bear.poolName" -}}
-{{- include "bear.boundedName" (dict "name" (printf "%s-engine-%s" (include "bear.fullname" .root) .pool.name) "max" 63) -}}
+{{- include "bear.boundedName" (dict "name" (include "bear.fullname" .root) "suffix" (printf "-engine-%s" .pool.name) "max" 63) -}}
 {{- end -}}
 
 {{/* The bundled Redis's StatefulSet and Service: at most 52 characters, since the StatefulSet controller labels its
 pods with `controller-revision-hash: <name>-<10-character hash>`, a label value of at most 63. */}}
 {{- define "bear.redisName" -}}
-{{- include "bear.boundedName" (dict "name" (printf "%s-redis" (include "bear.fullname" .)) "max" 52) -}}
+{{- include "bear.boundedName" (dict "name" (include "bear.fullname" .) "suffix" "-redis" "max" 52) -}}
 {{- end -}}
 
 {{/* Label values are quoted: a release or pool named 123, on or null is still a string. */}}
