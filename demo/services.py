@@ -1,11 +1,14 @@
 """BEAR's services as the demo runs them: each `bear serve <service>` in a process of its own, on loopback ports.
 
 A service prints `grpc_port=N metrics_port=M` once it listens; its log goes to a file in the run's folder (shown when
-it fails). `stop` sends SIGTERM (graceful shutdown) and kills what has not exited after a grace period.
+it fails). `stop` sends SIGTERM (graceful shutdown) and kills what has not exited after a grace period. On Linux a
+service also gets SIGTERM when the demo dies without stopping it (SIGKILL, the OOM killer): it runs in a session of its
+own, out of reach of signals to the demo's process group, and would otherwise serve on for good.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import signal
@@ -14,6 +17,12 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+try:  # loaded here, not in the child between fork and exec
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+except OSError:  # pragma: no cover - no C library to ask
+    _LIBC = None
+_PR_SET_PDEATHSIG = 1
 
 READY_TIMEOUT_S = 120.0  # the first start of a service imports grpc, numpy, LightGBM …
 _READY = re.compile(r"grpc_port=(\d+)(?: metrics_port=(\d*))?")
@@ -41,7 +50,8 @@ class ServiceProcess:
     def start(self) -> None:
         log = self.log_path.open("w")
         self._process = subprocess.Popen(self._command, stdout=subprocess.PIPE, stderr=log, text=True,
-                                         env=self._environ, start_new_session=True)
+                                         env=self._environ, start_new_session=True,
+                                         preexec_fn=_terminate_with_parent if _LIBC is not None else None)
         log.close()
         found: list[re.Match[str]] = []
         reader = threading.Thread(target=self._await_ready, args=(found,), daemon=True)
@@ -108,3 +118,10 @@ class ServiceProcess:
             self._drain.join(grace_s)  # the pipe's end follows the process's
         if process.stdout is not None and not (self._drain is not None and self._drain.is_alive()):
             process.stdout.close()
+
+
+def _terminate_with_parent() -> None:
+    """In the child before exec: SIGTERM when the thread that started it ends (the demo's main thread, which starts
+    every service and outlives them unless the demo dies)."""
+    assert _LIBC is not None
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)

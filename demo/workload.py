@@ -139,20 +139,25 @@ class WorkloadClient:
         return len(self._queued)
 
     async def run_turn(self, turn: PolicyTurn, queries: Sequence[PlannedQuery], tag: str) -> None:
-        """Sends `queries` at their offsets with `turn.policy`; returns when all have a first token or the turn's time
-        is up (queries still waiting then count as late)."""
+        """Sends `queries` at their offsets with `turn.policy`; returns when each has a first token, or has been
+        waiting past its TTFT target and the turn's time is up (it is late then). A query whose target ends after the
+        turn is waited for until its target (at most one turn longer): counted late at the turn's end, it would be
+        late only for want of time to watch it."""
         turn.started_at_s = start = time.time()
         deadline = start + turn.duration_s
-        tasks = []
+        tasks, waits_until = [], deadline
         for n, query in enumerate(queries):
             delay = start + query.offset_s - time.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            if time.time() >= deadline:
+            now = time.time()
+            if now >= deadline:
                 break
-            tasks.append(asyncio.create_task(self._one(turn, query, f"{tag}-{turn.policy}-{n}", deadline)))
+            watched_until = min(max(deadline, now + query.ttft_slo_s), deadline + turn.duration_s)
+            waits_until = max(waits_until, watched_until)
+            tasks.append(asyncio.create_task(self._one(turn, query, f"{tag}-{turn.policy}-{n}", watched_until)))
         if tasks:
-            await asyncio.wait(tasks, timeout=max(deadline - time.time(), 0.0))
+            await asyncio.wait(tasks, timeout=max(waits_until - time.time(), 0.0))
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

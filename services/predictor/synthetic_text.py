@@ -94,12 +94,13 @@ def paragraph(rng: np.random.Generator, topic: Topic, num_words: int) -> str:
 
 def sentences(rng: np.random.Generator, topic: Topic, count: int) -> list[str]:
     """`count` declarative sentences of 9 or 14 words, about 60% of their nouns from the topic."""
+    # Words as Python strings (tolist): formatting NumPy string scalars can swallow a pending Ctrl-C (numpy#20596).
     nouns = [np.where(rng.random(count) < 0.6, rng.choice(np.array(topic.nouns), count),
-                      rng.choice(np.array(_GENERIC_NOUNS), count)) for _ in range(4)]
-    adjectives = [rng.choice(np.array(_ADJECTIVES), count) for _ in range(2)]
-    verbs = [rng.choice(np.array(_VERBS), count) for _ in range(2)]
-    prepositions = rng.choice(np.array(_PREPOSITIONS), count)
-    longer = rng.random(count) < 0.5
+                      rng.choice(np.array(_GENERIC_NOUNS), count)).tolist() for _ in range(4)]
+    adjectives = [rng.choice(np.array(_ADJECTIVES), count).tolist() for _ in range(2)]
+    verbs = [rng.choice(np.array(_VERBS), count).tolist() for _ in range(2)]
+    prepositions = rng.choice(np.array(_PREPOSITIONS), count).tolist()
+    longer = (rng.random(count) < 0.5).tolist()
     out = []
     for i in range(count):
         text = (f"The {adjectives[0][i]} {nouns[0][i]} {verbs[0][i]} the {nouns[1][i]} {prepositions[i]} "
