@@ -10,7 +10,10 @@ the simulated pool's router (fed by simulated first tokens and completions).
                                    `MIN_RESIDUALS`): what the estimate leaves out at this instance every time (the
                                    API server's tokenising and IPC, the network, overhead between engine steps). The
                                    median ignores stalls (it tolerates up to half the window being outliers; a fitted
-                                   slope, tried on a real vLLM server here, was thrown off by them).
+                                   slope, tried on a real vLLM server here, was thrown off by them). A residual over
+                                   MAX_RESIDUAL_S and over the estimate itself is no overhead of that kind (a client
+                                   reporting microseconds as milliseconds, a stall of seconds) and is not kept: a
+                                   client reporting in the wrong unit took the offset to 25 s in 30 reports.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ OBSERVATION_WINDOW = 1000  # recent TTFT/TPOT observations kept per instance
 THROUGHPUT_WINDOW_S = 10.0
 RESIDUAL_WINDOW = 64  # recent observed − estimated TTFTs kept per instance
 MIN_RESIDUALS = 8
+MAX_RESIDUAL_S = 1.0  # observed later than estimated by more than this and more than the estimate: not an overhead
 
 
 class InstanceObservations:
@@ -48,7 +52,9 @@ class InstanceObservations:
         if ttft_s is not None and math.isfinite(ttft_s):
             self._ttft_s.append(ttft_s)
             if estimated_ttft_s is not None and math.isfinite(estimated_ttft_s) and self._residuals_s.maxlen:
-                self._residuals_s.append(ttft_s - estimated_ttft_s)
+                residual = ttft_s - estimated_ttft_s
+                if residual <= max(MAX_RESIDUAL_S, estimated_ttft_s):
+                    self._residuals_s.append(residual)
         if tpot_s is not None and math.isfinite(tpot_s):
             self._tpot_s.append(tpot_s)
         if completed_at_s is not None:

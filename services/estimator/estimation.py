@@ -6,7 +6,10 @@ LPS parameters) and the requests routers dispatched to it. A query arriving at `
 snapshot on the engine's clock: the snapshot's age becomes the query's arrival time in the replay (so steps scheduled
 before it arrived run without it), the step still executing when the snapshot was taken (async scheduling) delays
 the first replayed step, and requests dispatched since the snapshot join the queue at their own dispatch times,
-ahead of the query. Residents' remaining output lengths come from their predicted length at dispatch, conditioned on
+ahead of the query — those dispatched more than DISPATCH_TRANSIT_S before the engine was last found unchanged
+(`read_at_s` of an idle engine's snapshot) excepted: a request that should have reached the engine by then and is not
+in its state never did (never sent, refused by vLLM), and would otherwise make an idle instance look busy for as long
+as it stays idle. Residents' remaining output lengths come from their predicted length at dispatch, conditioned on
 what they have generated (`RemainingTokens`). A missing or too old snapshot falls back to the LPS closed form.
 
 An instance whose sidecar has no eq. 12 fit yet (a new replica, a replaced pod: its engine has executed too few
@@ -56,6 +59,7 @@ RemainingTokens = Callable[[str, np.ndarray, np.ndarray, np.ndarray], np.ndarray
 MAX_CLOCK_AHEAD_S = 5.0  # how far a snapshot's times may be ahead of the estimator's clock (hosts' clock skew)
 PEER_KV_BLOCKS_TOLERANCE = 0.1  # a peer's KV cache may differ by this fraction (the same GPU and memory share)
 FEED_OUTAGE_GRACE_S = 10.0  # snapshots this much older than the limit still replay while Redis is unreachable
+DISPATCH_TRANSIT_S = 0.5  # a routed request reaches the engine's queue within this (client, API server, tokenising)
 
 
 class Method(enum.StrEnum):
@@ -290,7 +294,7 @@ class Estimator:
         arrivals = tuple(
             Arrival(d.dispatched_at_s - snapshot.taken_at_s,
                     ResidentRequest(d.request_id, d.num_prompt_tokens, 0, 0, max(1, round(d.predicted_output_tokens))))
-            for d in instance.dispatches.since(snapshot.taken_at_s)
+            for d in instance.dispatches.since(max(snapshot.taken_at_s, snapshot.read_at_s - DISPATCH_TRANSIT_S))
             if d.request_id not in known and d.request_id != query.id
             and 0 < d.num_prompt_tokens < snapshot.engine.max_model_len  # vLLM rejects longer prompts at once
         )

@@ -12,6 +12,7 @@ from bear.core.replay import estimate, prepare
 from bear.core.state import Arrival, InvalidState, Query, ResidentRequest
 from bear.core.wire import state_from_snapshot
 from bear.estimator.estimation import (
+    DISPATCH_TRANSIT_S,
     FEED_OUTAGE_GRACE_S,
     MAX_CLOCK_AHEAD_S,
     Calibration,
@@ -98,6 +99,21 @@ def test_dispatches_since_the_snapshot_are_arrivals_ahead_of_the_query() -> None
     expected = estimate(prepare(state), Query("q", 100, 10), COEFFICIENTS, query_time_s=0.01,
                         arrivals=[Arrival(0.001, ResidentRequest("d1", 1500, 0, 0, 10))])
     assert got.ttft_s == pytest.approx(expected.ttft_s) and got.num_batches == expected.num_batches
+
+
+def test_a_dispatch_an_idle_engine_never_received_stops_counting_once_it_should_have_arrived() -> None:
+    """Routed but never sent (or refused by vLLM): an idle engine's snapshot keeps its taken_at, and the request, not
+    in it when the engine was last read well after the dispatch, would make it look busy for as long as it is idle."""
+    idle = snapshot("a", NOW, [])
+    estimator = estimator_with(idle)
+    alone = estimator.estimate(Query("q", 100, 10), ["a"], NOW + 0.01)[0]
+    estimator.record_dispatch(Dispatch("phantom", "a", "m", NOW + 0.001, 1500, 200.0))
+    in_transit = estimator.estimate(Query("q", 100, 10), ["a"], NOW + 0.01)[0]
+    assert in_transit.ttft_s > 2 * alone.ttft_s  # just routed: it may be on its way, ahead of the query
+    later = NOW + 0.001 + DISPATCH_TRANSIT_S + 0.5
+    estimator.update_snapshot(snapshot("a", NOW, [], read_at_s=later), later)  # re-read, unchanged: still idle
+    gone = estimator.estimate(Query("q", 100, 10), ["a"], later + 0.01)[0]
+    assert gone.ttft_s == pytest.approx(alone.ttft_s)
 
 
 def test_arrivals_come_in_dispatch_order_and_old_dispatches_expire() -> None:

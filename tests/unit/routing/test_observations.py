@@ -57,3 +57,18 @@ def test_the_ttft_offset_keeps_the_last_window_and_can_be_off() -> None:
     for _ in range(10):
         off.observe(ttft_s=0.05, estimated_ttft_s=0.1)
     assert off.ttft_offset_s == 0.0
+
+
+def test_outcomes_far_beyond_any_overhead_do_not_move_the_offset() -> None:
+    """A client reporting microseconds as milliseconds (30 ms → 30 s) in 40 of 64 reports: the median alone would
+    follow it (the offset went to 25 s); the residuals it keeps are overheads, whatever the mix."""
+    observations = InstanceObservations(residual_window=64)
+    for n in range(64):
+        estimated = 0.03
+        observed = 30.0 if n % 8 < 5 else estimated + 0.006  # most reports in the wrong unit
+        observations.observe(ttft_s=observed, estimated_ttft_s=estimated)
+    assert observations.ttft_offset_s == pytest.approx(0.006)
+    slow = InstanceObservations(residual_window=64)
+    for _ in range(16):  # long queries: an overhead above MAX_RESIDUAL_S but below the estimate still counts
+        slow.observe(ttft_s=5.0 + 1.5, estimated_ttft_s=5.0)
+    assert slow.ttft_offset_s == pytest.approx(1.5)
