@@ -9,22 +9,14 @@ The scripts import this module as `arguments`: run as `python benchmarks/X.py`, 
 from __future__ import annotations
 
 import argparse
-import math
-from collections.abc import Callable
 from pathlib import Path
 
+from bear.cli.arguments import int_at_least, non_negative_number, positive_int, positive_number
 
-def int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= minimum."""
-    def parse(text: str) -> int:
-        value = _integer(text)
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}")
-        return value
-    return parse
-
-
-positive_int = int_at_least(1)
+positive_finite_float = positive_number
+non_negative_finite_float = non_negative_number
+__all__ = ["folder", "int_at_least", "non_negative_finite_float", "output_file", "positive_finite_float",
+           "positive_int", "positive_int_list"]
 
 
 def positive_int_list(text: str) -> list[int]:
@@ -36,22 +28,6 @@ def positive_int_list(text: str) -> list[int]:
     if min(values) < 1:
         raise argparse.ArgumentTypeError(f"must be comma-separated integers >= 1, got {text!r}")
     return values
-
-
-def positive_finite_float(text: str) -> float:
-    """An argparse type: a finite number > 0 (not 0, a negative number, nan or inf)."""
-    value = _finite(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
-    return value
-
-
-def non_negative_finite_float(text: str) -> float:
-    """An argparse type: a finite number >= 0."""
-    value = _finite(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return value
 
 
 def folder(text: str) -> Path:
@@ -81,20 +57,3 @@ def _require_folder_above(path: Path, text: str) -> None:
             if not above.is_dir():
                 raise argparse.ArgumentTypeError(f"must name a folder, but {str(above)!r} is a file, got {text!r}")
             return
-
-
-def _integer(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-
-
-def _finite(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
-    return value

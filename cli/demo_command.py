@@ -4,12 +4,11 @@ Poisson workload through the Router API, and OnTimeUtility per policy."""
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from pathlib import Path
 
-from bear.cli.arguments import MAX_SEED, seed
+from bear.cli.arguments import MAX_SEED, positive_number, seed
 
 EXIT_BAD_INPUT = 2
 
@@ -30,7 +29,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                         help="comma-separated policy names, the first compared with the others "
                              "(default bear,score,routebalance)")
     parser.add_argument("--seed", type=seed, default=0, help=f"an integer in [0, {MAX_SEED}] (default 0)")
-    parser.add_argument("--looseness", type=_positive, default=1.0, help="TTFT targets × this (default 1)")
+    parser.add_argument("--looseness", type=positive_number, default=1.0, help="TTFT targets × this (default 1)")
     parser.add_argument("--json", type=Path, metavar="FILE",
                         help="also write the results as JSON (its folder is created if missing)")
     parser.add_argument("--redis-url", default="", help="use this Redis instead of the embedded one")
@@ -107,32 +106,15 @@ def _folder_problem(flag: str, given: Path, folder: Path) -> str | None:
     return None
 
 
-def _number(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
-    return value
-
-
-def _positive(text: str) -> float:
-    value = _number(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
 def _seconds(text: str) -> float:
-    value = _positive(text)
+    value = positive_number(text)
     if value < 10:
         raise argparse.ArgumentTypeError(f"must be at least 10 seconds (warm-up and one turn per policy), got {text}")
     return value
 
 
 def _rate(text: str) -> float:
-    value = _positive(text)
+    value = positive_number(text)
     if value > 1000:
         raise argparse.ArgumentTypeError(f"must be at most 1000 queries per second, got {text}")
     return value

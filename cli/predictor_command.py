@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bear.cli.arguments import int_in, seed
+from bear.cli.arguments import int_in, positive_int, seed
 from bear.predictor.training import TrainingConfig
 
 EXIT_BAD_INPUT = 2
@@ -42,7 +42,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     train_parser.add_argument("--out", type=Path, required=True, help="model directory to write")
     train_parser.add_argument("--force", action="store_true", help="replace --out if it holds an earlier artifact")
     train_parser.add_argument("--seed", type=seed, default=0, help="a non-negative integer below 2**31 (default 0)")
-    train_parser.add_argument("--num-trees", type=_positive_int, default=TrainingConfig().num_trees)
+    train_parser.add_argument("--num-trees", type=positive_int, default=TrainingConfig().num_trees)
     train_parser.set_defaults(handler=_train)
 
     evaluate_parser = actions.add_parser("evaluate", help="metrics per model against a constant baseline")
@@ -184,28 +184,9 @@ def _progress(items: Iterable[T], description: str, total: int) -> Iterable[T]:
     return tqdm(items, desc=description, total=total, disable=not sys.stderr.isatty(), leave=False, file=sys.stderr)
 
 
-def _positive_int(text: str) -> int:
-    value = _non_negative_int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
 def _synth_rows(text: str) -> int:
-    value = _positive_int(text)
+    value = positive_int(text)
     if value > MAX_SYNTH_ROWS:
         raise argparse.ArgumentTypeError(f"must be at most {MAX_SYNTH_ROWS} (the table is built in memory), "
                                          f"got {text!r}")
-    return value
-
-
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
     return value

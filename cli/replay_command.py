@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from bear.cli.arguments import positive_int
 from bear.core.case import CaseError, parse_case, result_to_json
 from bear.core.replay import ReplayEngine, estimate, prepare, replay
 from bear.core.state import InvalidState
@@ -23,7 +24,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "the batches, the first-token batch and the TTFT as JSON. Bad input exits 2.",
     )
     parser.add_argument("case", type=Path, help="case file (JSON, see docs/replay-case.md)")
-    parser.add_argument("--repeat", type=_positive_int, metavar="N",
+    parser.add_argument("--repeat", type=positive_int, metavar="N",
                         help="also print mean_estimate_us: mean wall time of one production-path estimate over N runs")
     parser.add_argument("--engine", choices=[e.value for e in ReplayEngine], default=ReplayEngine.NATIVE.value,
                         help="replay engine for the printed result (default: native)")
@@ -76,13 +77,3 @@ def _mean_estimate_us(case, repeat: int) -> float:
 def _bad_input(message: str) -> int:
     print(f"bear replay: {message}", file=sys.stderr)
     return EXIT_BAD_INPUT
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
