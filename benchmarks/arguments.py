@@ -13,10 +13,8 @@ from pathlib import Path
 
 from bear.cli.arguments import int_at_least, non_negative_number, positive_int, positive_number
 
-positive_finite_float = positive_number
-non_negative_finite_float = non_negative_number
-__all__ = ["folder", "int_at_least", "non_negative_finite_float", "output_file", "positive_finite_float",
-           "positive_int", "positive_int_list"]
+__all__ = ["folder", "int_at_least", "non_negative_number", "output_file", "positive_int", "positive_int_list",
+           "positive_number"]
 
 
 def positive_int_list(text: str) -> list[int]:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from bear.cli.arguments import int_in
 
-from arguments import positive_finite_float, positive_int_list
+from arguments import positive_number, positive_int_list
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests.redis_server: the redis-server the integration tests use
@@ -84,9 +84,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--residents", type=int_in(0, MAX_RESIDENTS), default=16,
                         help=f"decoding requests per instance, at most {MAX_RESIDENTS}: the instances' max_num_seqs "
                              "(default 16)")
-    parser.add_argument("--step-ms", type=positive_finite_float, default=6.0,
+    parser.add_argument("--step-ms", type=positive_number, default=6.0,
                         help="one snapshot per instance this often, in ms (default 6)")
-    parser.add_argument("--seconds", type=positive_finite_float, default=10.0,
+    parser.add_argument("--seconds", type=positive_number, default=10.0,
                         help="length of each measurement in seconds (default 10)")
     parser.add_argument("--publish", nargs=4, metavar=("REDIS_URL", "INSTANCES", "RESIDENTS", "STEP_MS"),
                         help=argparse.SUPPRESS)

@@ -35,7 +35,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from arguments import non_negative_finite_float, positive_finite_float
+from arguments import non_negative_number, positive_number
 
 INSTANCES = (("small-0", "small", "Qwen3-0.6B", 0.044, 0.173, 2, 1), ("medium-0", "medium", "Qwen3-8B", 0.072, 0.287,
              4, 0), ("large-0", "large", "Qwen3-32B", 0.287, 0.640, 8, 2))  # id, pool, model, prices, running, waiting
@@ -103,13 +103,13 @@ def main() -> int:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rate", type=positive_finite_float, default=200.0,
+    parser.add_argument("--rate", type=positive_number, default=200.0,
                         help="requests per second of the main measurement; the sweep starts at 1.25x it (default 200)")
-    parser.add_argument("--seconds", type=positive_finite_float, default=10.0,
+    parser.add_argument("--seconds", type=positive_number, default=10.0,
                         help="length of the main measurement in seconds (default 10)")
-    parser.add_argument("--sweep-seconds", type=non_negative_finite_float, default=5.0,
+    parser.add_argument("--sweep-seconds", type=non_negative_number, default=5.0,
                         help="length of each step of the rate sweep in seconds (default 5; 0: no sweep)")
-    parser.add_argument("--p99-limit-ms", type=positive_finite_float, default=10.0,
+    parser.add_argument("--p99-limit-ms", type=positive_number, default=10.0,
                         help="the sweep stops at the first rate whose client p99 exceeds this many ms (default 10)")
     parser.add_argument("--prompts", choices=("short", "mixed"), default="short",
                         help="short chat prompts (10-30 tokens), or the synthetic corpus's four regimes")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from bear.cli.arguments import MAX_SEED, seed
 
-from arguments import folder, output_file, positive_finite_float, positive_int
+from arguments import folder, output_file, positive_number, positive_int
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the harness lives with the tests (tests/vllm_accuracy.py)
@@ -67,7 +67,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help=f"measured queries, at least 1 (default {defaults.num_queries})")
     parser.add_argument("--warmup", type=positive_int, default=defaults.num_warmup_queries,
                         help=f"warm-up queries before them, at least 1 (default {defaults.num_warmup_queries})")
-    parser.add_argument("--rate", type=positive_finite_float, default=defaults.rate_qps,
+    parser.add_argument("--rate", type=positive_number, default=defaults.rate_qps,
                         help=f"queries per second, a finite number > 0 (default {defaults.rate_qps:g})")
     parser.add_argument("--seed", type=seed, default=defaults.seed,
                         help=f"an integer in [0, {MAX_SEED}] (default {defaults.seed})")
