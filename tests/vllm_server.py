@@ -199,7 +199,7 @@ class Sidecar:
         command = [sys.executable, "-m", "bear.cli.main", "snapshotter", "--region", self.server.region,
                    "--instance-id", self.instance_id, "--pool", self.pool, "--endpoint", self.server.url,
                    "--grpc-port", "0", "--metrics-port", "off", "--redis-url", self.redis_url,
-                   "--poll-interval-ms", str(self.poll_interval_ms)]
+                   "--poll-interval-ms", str(self.poll_interval_ms), "--engine-health-url", f"{self.server.url}/health"]
         if self.model:
             command += ["--model", self.model]
         # Not pinned to core 0, where vLLM's EngineCore polls its worker busily (in a pod it has a CPU of its own).

@@ -60,6 +60,9 @@ class SnapshotterConfig:
     pool: str = "default"  # BEAR_POOL
     model: str = ""  # BEAR_MODEL (default: the engine's served model name)
     endpoint: str = ""  # BEAR_INSTANCE_ENDPOINT: where the vLLM server answers, e.g. http://10.0.0.7:8000
+    engine_health_url: str = ""  # BEAR_ENGINE_HEALTH_URL: the server's /health as the sidecar reaches it, e.g.
+    # http://localhost:8000/health: the instance is registered once it answers 200 and withdrawn when it stops
+    # (engine_health.py); empty: the region's heartbeat alone says the engine is alive
     input_usd_per_million_tokens: float = 0.0  # BEAR_INPUT_USD_PER_MTOK
     output_usd_per_million_tokens: float = 0.0  # BEAR_OUTPUT_USD_PER_MTOK
     poll_interval_s: float = 0.005  # BEAR_SNAPSHOTTER_POLL_INTERVAL_MS
@@ -82,6 +85,9 @@ class SnapshotterConfig:
         _require(not self.endpoint or _is_url(self.endpoint),
                  f"BEAR_INSTANCE_ENDPOINT (--endpoint) must be the vLLM server's URL, e.g. http://10.0.0.7:8000, "
                  f"got {self.endpoint!r}")
+        _require(not self.engine_health_url or _is_http_url(self.engine_health_url),
+                 f"BEAR_ENGINE_HEALTH_URL (--engine-health-url) must be an http(s) URL of the vLLM server's health "
+                 f"check, e.g. http://localhost:8000/health, got {self.engine_health_url!r}")
         poll_interval_ms = self.poll_interval_s * 1e3
         _require(0 < poll_interval_ms <= MAX_POLL_INTERVAL_MS,  # comparisons: also refuse nan
                  f"BEAR_SNAPSHOTTER_POLL_INTERVAL_MS (--poll-interval-ms) must be > 0 and at most "
@@ -117,6 +123,7 @@ class SnapshotterConfig:
             pool=environ.get("BEAR_POOL") or defaults.pool,
             model=environ.get("BEAR_MODEL", ""),
             endpoint=environ.get("BEAR_INSTANCE_ENDPOINT", ""),
+            engine_health_url=environ.get("BEAR_ENGINE_HEALTH_URL", "").strip(),
             input_usd_per_million_tokens=_float(environ, "BEAR_INPUT_USD_PER_MTOK", 0.0),
             output_usd_per_million_tokens=_float(environ, "BEAR_OUTPUT_USD_PER_MTOK", 0.0),
             poll_interval_s=_float(environ, "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS", defaults.poll_interval_s * 1e3) / 1e3,
@@ -170,3 +177,7 @@ def _is_url(text: str) -> bool:
     except ValueError:
         return False
     return bool(parts.scheme) and bool(parts.hostname)
+
+
+def _is_http_url(text: str) -> bool:
+    return _is_url(text) and urllib.parse.urlsplit(text).scheme in ("http", "https")

@@ -15,6 +15,7 @@ from bear.common.redis_config import connect
 from bear.common.service import ServiceStartError
 from bear.snapshotter.calibration import OnlineCalibrator
 from bear.snapshotter.config import SnapshotterConfig
+from bear.snapshotter.engine_health import EngineHealthProbe
 from bear.snapshotter.metrics import SnapshotterCollector
 from bear.snapshotter.publisher import RedisPublisher
 from bear.snapshotter.reader import RegionReader
@@ -43,8 +44,10 @@ def run(config: SnapshotterConfig, stop: threading.Event | None = None,
     calibrator = OnlineCalibrator(config.calibration_window, config.calibration_min_samples,
                                   config.calibration_refit_s)
     health_servicer = health.HealthServicer()
+    probe = EngineHealthProbe(config.engine_health_url) if config.engine_health_url else None
     snapshotter = Snapshotter(config, reader, publisher, calibrator,
-                              on_availability=lambda available: set_availability(health_servicer, available))
+                              on_availability=lambda available: set_availability(health_servicer, available),
+                              engine_healthy=probe.healthy if probe is not None else lambda: True)
     try:
         server, port = make_server(snapshotter, health_servicer, config.grpc_host, config.grpc_port)
     except ServiceStartError:
@@ -64,13 +67,18 @@ def run(config: SnapshotterConfig, stop: threading.Event | None = None,
         client.close()
         raise ServiceStartError(f"bear snapshotter: --metrics-port {config.metrics_port}: cannot serve /metrics on "
                                 f"port {config.metrics_port}: {error.strerror or error}") from None
-    logger.info("snapshotter of instance %s: region %s, Redis %s, gRPC on port %d, metrics on %s", config.instance_id,
-                reader.path, config.redis.describe(), port, metrics_port)
+    logger.info("snapshotter of instance %s: region %s, Redis %s, gRPC on port %d, metrics on %s, engine health %s",
+                config.instance_id, reader.path, config.redis.describe(), port, metrics_port,
+                config.engine_health_url or "from the region's heartbeat alone")
+    if probe is not None:
+        probe.start()
     if on_ready is not None:
         on_ready(port, metrics_port)
     try:
         snapshotter.run(stop)
     finally:
+        if probe is not None:
+            probe.stop()
         if metrics_server is not None:
             metrics_server.shutdown()
             metrics_server.server_close()

@@ -15,6 +15,8 @@ _FLAGS = {  # flag → (config field, type, help); a text flag given empty is re
     "--pool": ("pool", given_value, "pool the instance belongs to (BEAR_POOL)"),
     "--model": ("model", given_value, "model name (BEAR_MODEL; default: the engine's served model name)"),
     "--endpoint": ("endpoint", given_value, "the vLLM server's URL (BEAR_INSTANCE_ENDPOINT)"),
+    "--engine-health-url": ("engine_health_url", given_value, "the vLLM server's /health as this sidecar reaches it: "
+                            "register once it answers, withdraw when it stops (BEAR_ENGINE_HEALTH_URL)"),
     "--grpc-port": ("grpc_port", int, "gRPC port, 0 for any free one (BEAR_SNAPSHOTTER_GRPC_PORT)"),
     "--redis-url": (None, given_value, "Redis URL (BEAR_REDIS_URL; default: an embedded Redis)"),
 }

@@ -4,8 +4,9 @@ Every `poll_interval_s` the region is read (`RegionReader`); a new state becomes
 (served over gRPC and offered to Redis), executed steps feed the online calibration, and a new fit is offered too. An
 unchanged region is re-offered every `refresh_s` with a fresh `read_at_s`: an idle engine's snapshot stays young
 enough for the estimator, and its Redis key alive. A missing region (the engine shut down) or one whose heartbeat is
-older than `engine_timeout_s` (the engine was killed) clears the latest snapshot, so that its keys expire. Nothing
-here waits on Redis.
+older than `engine_timeout_s` (the engine was killed) clears the latest snapshot and withdraws the instance; so does
+an engine whose server fails its health probe (`engine_healthy`, engine_health.py), and a region whose server has not
+answered yet is not registered. Nothing here waits on Redis or HTTP.
 """
 
 from __future__ import annotations
@@ -39,13 +40,14 @@ class Snapshotter:
 
     def __init__(self, config: SnapshotterConfig, reader: RegionReader, publisher: Publisher | None,
                  calibrator: OnlineCalibrator, on_availability: Callable[[bool], None] = lambda available: None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, engine_healthy: Callable[[], bool] = lambda: True):
         self._config = config
         self._reader = reader
         self._publisher = publisher
         self._calibrator = calibrator
         self._on_availability = on_availability
         self._clock = clock
+        self._engine_healthy = engine_healthy
         self._changed = threading.Condition()
         self._latest: snapshot_pb2.InstanceSnapshot | None = None
         self._offered_at_s = 0.0
@@ -76,20 +78,19 @@ class Snapshotter:
 
     def poll_once(self) -> bool:
         """One read of the region; True if it held something new."""
-        try:
-            region = self._reader.read()
-        except RegionError as error:
-            self.num_region_errors += 1
-            if self.num_region_errors == 1 or self.num_region_errors % 1000 == 0:
-                logger.warning("snapshot region %s unreadable (%d times): %s", self._reader.path,
-                               self.num_region_errors, error)
-            region = None
+        region = self._read(changed_only=True)
         now = self._clock()
-        if not self._reader.attached or now - self._reader.alive_at_s() > self._config.engine_timeout_s:
+        if (not self._reader.attached or now - self._reader.alive_at_s() > self._config.engine_timeout_s
+                or not self._engine_healthy()):
             self._set_latest(None)
             self._set_available(False)
             return False
+        coming_back = self._available is False
         self._set_available(True)
+        if region is None and coming_back:
+            # The state as it is, changed or not: an idle engine's region may not change for a long while after its
+            # server answers again, and nothing would be published until then.
+            region = self._read(changed_only=False)
         if region is None:
             self._heartbeat(now)
             return False
@@ -103,6 +104,16 @@ class Snapshotter:
                                                model=self._config.model, read_at_s=now, batch_time=batch_time))
             self._offer(now)
         return True
+
+    def _read(self, changed_only: bool) -> RegionSnapshot | None:
+        try:
+            return self._reader.read(changed_only=changed_only)
+        except RegionError as error:
+            self.num_region_errors += 1
+            if self.num_region_errors == 1 or self.num_region_errors % 1000 == 0:
+                logger.warning("snapshot region %s unreadable (%d times): %s", self._reader.path,
+                               self.num_region_errors, error)
+            return None
 
     def _calibrate(self, region: RegionSnapshot, now: float) -> None:
         executed = [step_to_proto(step) for step in region.executed if step.complete]
@@ -146,8 +157,10 @@ class Snapshotter:
         if available != self._available:
             self._available = available
             if not available:
-                logger.warning("no live engine behind %s (region missing, or no heartbeat for %.0f s): waiting for one",
-                               self._reader.path, self._config.engine_timeout_s)
+                logger.warning("no live engine behind %s (region missing, no heartbeat for %.0f s%s): waiting for one",
+                               self._reader.path, self._config.engine_timeout_s,
+                               f", or no answer at {self._config.engine_health_url}"
+                               if self._config.engine_health_url else "")
                 # Routers must stop sending it queries now, not when the registration's TTL runs out (it would not:
                 # the heartbeat refreshes it); the next engine registers anew.
                 self._engine_created_at_s = None

@@ -457,6 +457,7 @@ def test_the_sidecar_shares_a_memory_backed_dev_shm_with_vllm(reports: dict[str,
         sidecar = env(container(engine, "snapshotter"))
         assert sidecar["BEAR_INSTANCE_ID"] == "$(POD_NAME)"
         assert sidecar["BEAR_INSTANCE_ENDPOINT"] == "http://$(POD_IP):8000"
+        assert sidecar["BEAR_ENGINE_HEALTH_URL"] == "http://localhost:8000/health"  # the pod's own vLLM
         assert sidecar["BEAR_SNAPSHOTTER_ENDPOINT"] == "$(POD_IP):50071"
         assert sidecar["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
 

@@ -188,6 +188,8 @@ def test_snapshots_reach_redis_every_step_and_agree_with_the_engine(vllm_server:
     assert stored.sequence_number == idle.sequence_number
     registration = snapshot_pb2.InstanceRegistration.FromString(client.get(redis_keys.instance_key(INSTANCE)))
     assert (registration.model, registration.endpoint) == (MODEL, f"http://127.0.0.1:{vllm_server.port}")
+    # Registered after the server answered its health check (the chart's setting), which the sidecar probes.
+    assert f"the vLLM server answers {vllm_server.url}/health" in sidecar.log.read_text()
 
 
 def test_batch_time_coefficients_are_fitted_from_the_step_log(sidecar: Sidecar, client: redis.Redis) -> None:

@@ -1,0 +1,195 @@
+"""The sidecar's health probe of the vLLM server (bear.snapshotter.engine_health), against a real HTTP server on a
+loopback port, and the sidecar's loop gated by it: an instance is registered only once its server answers, withdrawn
+when it stops answering, and published again when it answers again even though its (idle) region did not change."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from bear.snapshotter.calibration import OnlineCalibrator
+from bear.snapshotter.config import SnapshotterConfig
+from bear.snapshotter.engine_health import EngineHealthProbe
+from bear.snapshotter.reader import RegionReader
+from bear.snapshotter.region import Capacities
+from bear.snapshotter.serve import add_arguments, config_from
+from bear.snapshotter.sidecar import Snapshotter
+from tests.region_builders import FakeEngine, decoding
+
+
+class HealthServer:
+    """/health answering `status` (a real HTTP server on a free loopback port)."""
+
+    def __init__(self) -> None:
+        self.status = 200
+        self.num_requests = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                outer.num_requests += 1
+                self.send_response(outer.status if self.path == "/health" else 404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/health"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def server():
+    running = HealthServer()
+    yield running
+    running.close()
+
+
+def closed_port_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}/health"
+
+
+def test_healthy_from_the_first_200_and_failed_after_two_failures_in_a_row(server: HealthServer) -> None:
+    probe = EngineHealthProbe(server.url, timeout_s=2.0)
+    assert not probe.healthy()  # nothing known yet: not registered on faith
+    server.status = 503
+    assert not probe.probe_once()  # vLLM's API server is up but its engine is not
+    server.status = 200
+    assert probe.probe_once()
+    server.status = 503
+    assert probe.probe_once()  # one failure on a loaded server is no death
+    server.status = 200
+    assert probe.probe_once()
+    server.status = 503
+    probe.probe_once()
+    assert not probe.probe_once()  # two in a row: the engine died
+    server.status = 200
+    assert probe.probe_once()
+    assert (probe.num_probes, probe.num_failures) == (7, 4)
+
+
+def test_a_server_that_is_not_listening_is_never_healthy() -> None:
+    probe = EngineHealthProbe(closed_port_url(), timeout_s=1.0)
+    assert not probe.probe_once() and not probe.probe_once()
+
+
+def test_a_server_that_stops_listening_fails(server: HealthServer) -> None:
+    probe = EngineHealthProbe(server.url, timeout_s=2.0)
+    assert probe.probe_once()
+    server.close()
+    probe.probe_once()
+    assert not probe.probe_once()
+
+
+def test_the_probe_thread_follows_the_server(server: HealthServer) -> None:
+    probe = EngineHealthProbe(server.url, interval_s=0.05, timeout_s=2.0)
+    probe.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not probe.healthy() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert probe.healthy()
+        server.status = 503
+        while probe.healthy() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not probe.healthy()
+    finally:
+        started = time.monotonic()
+        probe.stop()
+        assert time.monotonic() - started < 1.5
+    count = server.num_requests
+    time.sleep(0.2)
+    assert server.num_requests == count  # stopped
+
+
+@pytest.mark.parametrize("interval_s, timeout_s, failures", [(0, 1, 2), (0.5, 0, 2), (0.5, 1, 0)])
+def test_bad_probe_settings_are_refused(interval_s: float, timeout_s: float, failures: int) -> None:
+    with pytest.raises(ValueError):
+        EngineHealthProbe("http://localhost:8000/health", interval_s, timeout_s, failures)
+
+
+class RecordingPublisher:
+    def __init__(self) -> None:
+        self.snapshots: list = []
+        self.registrations: list = []
+        self.withdrawals = 0
+
+    def offer_snapshot(self, snapshot) -> None:  # noqa: ANN001
+        self.snapshots.append(snapshot)
+
+    def offer_coefficients(self, coefficients) -> None:  # noqa: ANN001
+        pass
+
+    def set_registration(self, registration) -> None:  # noqa: ANN001
+        self.registrations.append(registration)
+
+    def withdraw_registration(self) -> None:
+        self.withdrawals += 1
+
+
+def test_the_sidecar_registers_only_a_server_that_answers_and_withdraws_one_that_stops(tmp_path) -> None:
+    path = str(tmp_path / "region")
+    engine = FakeEngine(path, Capacities(max_rows=16, max_step_entries=8, num_ring_steps=8, max_slots=64))
+    engine.write_state([decoding("a")], written_at_s=time.time())
+    healthy = {"now": False}
+    availability: list[bool] = []
+    publisher = RecordingPublisher()
+    sidecar = Snapshotter(SnapshotterConfig(region=path, instance_id="pod-1"), RegionReader(path), publisher,
+                          OnlineCalibrator(100, 10, 1.0), on_availability=availability.append,
+                          engine_healthy=lambda: healthy["now"])
+
+    # The plugin wrote its region; the API server does not answer yet (vLLM starting): nothing is registered.
+    assert not sidecar.poll_once() and not sidecar.poll_once()
+    assert (publisher.registrations, publisher.snapshots, sidecar.latest()) == ([], [], None)
+    assert not sidecar.available and availability == [False]
+
+    # It answers: registered and published, though the idle engine's region has not changed since.
+    healthy["now"] = True
+    assert sidecar.poll_once()
+    assert len(publisher.registrations) == 1 and len(publisher.snapshots) == 1
+    assert [r.request_id for r in publisher.snapshots[0].running] == ["a"] and sidecar.available
+
+    # It stops answering (the engine died with its server): withdrawn at once, not engine_timeout_s later.
+    healthy["now"] = False
+    withdrawn = publisher.withdrawals
+    assert not sidecar.poll_once()
+    assert publisher.withdrawals == withdrawn + 1 and sidecar.latest() is None and availability == [False, True, False]
+
+    # Back (a restart into the same region, idle): registered and published again.
+    healthy["now"] = True
+    assert sidecar.poll_once()
+    assert len(publisher.registrations) == 2 and len(publisher.snapshots) == 2
+    assert sidecar.latest() is not None and availability == [False, True, False, True]
+
+
+def test_the_health_url_is_a_setting_and_a_flag() -> None:
+    config = SnapshotterConfig.from_environ({"BEAR_ENGINE_HEALTH_URL": " http://localhost:8000/health "})
+    assert config.engine_health_url == "http://localhost:8000/health"
+    assert SnapshotterConfig.from_environ({}).engine_health_url == ""  # off: the region's heartbeat alone
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--engine-health-url", "https://[::1]:8443/health"])
+    assert config_from(args).engine_health_url == "https://[::1]:8443/health"
+
+
+@pytest.mark.parametrize("url", ["localhost:8000/health", "ftp://localhost/health", "http://:8000/health",
+                                 "http://localhost:99999/health", "sim://tiny-0"])
+def test_a_health_url_that_is_no_http_url_is_refused_naming_the_setting(url: str) -> None:
+    with pytest.raises(ValueError, match="BEAR_ENGINE_HEALTH_URL"):
+        SnapshotterConfig.from_environ({"BEAR_ENGINE_HEALTH_URL": url})
