@@ -6,11 +6,16 @@ the simulated pool's router (fed by simulated first tokens and completions).
                                    RouteBalance)
     request_throughput_rps         completions in the last `throughput_window_s`, per second (LMDeploy's proxy);
                                    the window is cut to the time since observation began, None before any completion
-    ttft_offset_s                  the median of the last `residual_window` observed − estimated TTFTs (0 before
-                                   `MIN_RESIDUALS`): what the estimate leaves out at this instance every time (the
-                                   API server's tokenising and IPC, the network, overhead between engine steps). The
-                                   median ignores stalls (it tolerates up to half the window being outliers; a fitted
-                                   slope, tried on a real vLLM server here, was thrown off by them). A residual over
+    ttft_offset_s                  the median of the last `residual_window` observed − estimated TTFTs, each
+                                   weighted by 1 / observed TTFT (0 before `MIN_RESIDUALS`): what the estimate
+                                   leaves out at this instance every time (the API server's tokenising and IPC, the
+                                   network, overhead between engine steps). The weights make it the offset with the
+                                   least mean absolute percentage error over the window — what TTFT targets and MAPE
+                                   judge; the plain median let long TTFTs pull it (re-done on 10 recorded runs against a
+                                   real vLLM server: median error 0.1–1.5 points lower in 9, 0.6 higher in one;
+                                   MAPE about the same). A median ignores stalls (it tolerates up to half the
+                                   window being outliers; a fitted slope, tried on a real vLLM server here, was
+                                   thrown off by them). A residual over
                                    MAX_RESIDUAL_S and over the estimate itself is no overhead of that kind (a client
                                    reporting microseconds as milliseconds, a stall of seconds) and is not kept: a
                                    client reporting in the wrong unit took the offset to 25 s in 30 reports.
@@ -29,6 +34,7 @@ OBSERVATION_WINDOW = 1000  # recent TTFT/TPOT observations kept per instance
 THROUGHPUT_WINDOW_S = 10.0
 RESIDUAL_WINDOW = 64  # recent observed − estimated TTFTs kept per instance
 MIN_RESIDUALS = 8
+MIN_WEIGHTED_TTFT_S = 1e-4  # a reported TTFT of 0 weighs as 0.1 ms
 MAX_RESIDUAL_S = 1.0  # observed later than estimated by more than this and more than the estimate: not an overhead
 
 
@@ -39,7 +45,7 @@ class InstanceObservations:
                  started_at_s: float = 0.0, residual_window: int = RESIDUAL_WINDOW) -> None:
         if window < 1 or not throughput_window_s > 0 or residual_window < 0:
             raise ValueError("window must be >= 1, throughput_window_s > 0 and residual_window >= 0")
-        self._residuals_s: deque[float] = deque(maxlen=residual_window)
+        self._residuals_s: deque[tuple[float, float]] = deque(maxlen=residual_window)  # (residual, observed TTFT)
         self._ttft_s: deque[float] = deque(maxlen=window)
         self._tpot_s: deque[float] = deque(maxlen=window)
         self._completions_s: deque[float] = deque()
@@ -54,7 +60,7 @@ class InstanceObservations:
             if estimated_ttft_s is not None and math.isfinite(estimated_ttft_s) and self._residuals_s.maxlen:
                 residual = ttft_s - estimated_ttft_s
                 if residual <= max(MAX_RESIDUAL_S, estimated_ttft_s):
-                    self._residuals_s.append(residual)
+                    self._residuals_s.append((residual, ttft_s))
         if tpot_s is not None and math.isfinite(tpot_s):
             self._tpot_s.append(tpot_s)
         if completed_at_s is not None:
@@ -70,8 +76,10 @@ class InstanceObservations:
 
     @property
     def ttft_offset_s(self) -> float:
-        residuals = self._residuals_s
-        return float(np.median(residuals)) if len(residuals) >= MIN_RESIDUALS else 0.0
+        if len(self._residuals_s) < MIN_RESIDUALS:
+            return 0.0
+        pairs = np.array(self._residuals_s)
+        return weighted_median(pairs[:, 0], 1.0 / np.maximum(pairs[:, 1], MIN_WEIGHTED_TTFT_S))
 
     def request_throughput_rps(self, now_s: float) -> float | None:
         completions = self._completions_s
@@ -79,6 +87,14 @@ class InstanceObservations:
             completions.popleft()
         window_s = min(self._throughput_window_s, now_s - self._started_at_s)
         return len(completions) / window_s if window_s > 0 and completions else None
+
+
+def weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
+    """The value at which the weights below and above balance (the lower one where they tie): the minimiser of
+    Σ weight · |value − m|. Weights > 0."""
+    order = np.argsort(values, kind="stable")
+    cumulative = np.cumsum(weights[order])
+    return float(values[order][np.searchsorted(cumulative, cumulative[-1] / 2)])
 
 
 def ttft_estimates_s(ttft_s: float | None, *, lps: bool = False,
