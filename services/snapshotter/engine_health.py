@@ -40,6 +40,9 @@ class EngineHealthProbe:
         self.num_failures = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # Straight to the server: an HTTP(S)_PROXY in the pod's environment must not carry the probe of its own vLLM
+        # elsewhere (urllib would, for localhost too, unless NO_PROXY names it).
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
     def healthy(self) -> bool:
         return self._healthy
@@ -67,7 +70,7 @@ class EngineHealthProbe:
     def _probe(self) -> str | None:
         """None if the URL answered 200; what went wrong otherwise."""
         try:
-            with urllib.request.urlopen(self.url, timeout=self._timeout_s) as response:  # noqa: S310 - config URL
+            with self._opener.open(self.url, timeout=self._timeout_s) as response:
                 status = response.status
         except urllib.error.HTTPError as error:
             return f"HTTP {error.code}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -80,6 +81,16 @@ def test_healthy_from_the_first_200_and_failed_after_two_failures_in_a_row(serve
     server.status = 200
     assert probe.probe_once()
     assert (probe.num_probes, probe.num_failures) == (7, 4)
+
+
+def test_the_probe_goes_straight_to_the_server_whatever_proxy_the_environment_names(server: HealthServer,
+                                                                                   monkeypatch) -> None:
+    for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY"):
+        monkeypatch.setenv(name, closed_port_url().removesuffix("/health"))
+    for name in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(urllib.request, "_opener", None)  # urlopen's opener reads the environment when first built
+    assert EngineHealthProbe(server.url, timeout_s=2.0).probe_once()
 
 
 def test_a_server_that_is_not_listening_is_never_healthy() -> None:
