@@ -21,6 +21,7 @@ DEFAULT_REGION = "bear-snapshot"
 
 MAX_WAITING_ROWS_LIMIT = 65_536  # BEAR_SNAPSHOT_MAX_WAITING at most: estimators refuse snapshots with more rows
 MAX_POLL_INTERVAL_MS = 60_000.0  # BEAR_SNAPSHOTTER_POLL_INTERVAL_MS at most (a region read at least once a minute)
+MAX_ENGINE_HEALTH_TIMEOUT_S = 60.0  # BEAR_ENGINE_HEALTH_TIMEOUT_S at most
 MAX_SNAPSHOT_TTL_S = 86_400.0  # BEAR_SNAPSHOT_TTL_S at most: a stopped instance's keys are gone within a day
 
 
@@ -63,6 +64,7 @@ class SnapshotterConfig:
     engine_health_url: str = ""  # BEAR_ENGINE_HEALTH_URL: the server's /health as the sidecar reaches it, e.g.
     # http://localhost:8000/health: the instance is registered once it answers 200 and withdrawn when it stops
     # (engine_health.py); empty: the region's heartbeat alone says the engine is alive
+    engine_health_timeout_s: float = 3.0  # BEAR_ENGINE_HEALTH_TIMEOUT_S: a probe not answered in full by then failed
     input_usd_per_million_tokens: float = 0.0  # BEAR_INPUT_USD_PER_MTOK
     output_usd_per_million_tokens: float = 0.0  # BEAR_OUTPUT_USD_PER_MTOK
     poll_interval_s: float = 0.005  # BEAR_SNAPSHOTTER_POLL_INTERVAL_MS
@@ -87,7 +89,11 @@ class SnapshotterConfig:
                  f"got {self.endpoint!r}")
         _require(not self.engine_health_url or _is_http_url(self.engine_health_url),
                  f"BEAR_ENGINE_HEALTH_URL (--engine-health-url) must be an http(s) URL of the vLLM server's health "
-                 f"check, e.g. http://localhost:8000/health, got {self.engine_health_url!r}")
+                 f"check, e.g. http://localhost:8000/health (ASCII, no spaces, no user or password, a port > 0), got "
+                 f"{self.engine_health_url!r}")
+        _require(0 < self.engine_health_timeout_s <= MAX_ENGINE_HEALTH_TIMEOUT_S,
+                 f"BEAR_ENGINE_HEALTH_TIMEOUT_S must be > 0 and at most {MAX_ENGINE_HEALTH_TIMEOUT_S:g} (seconds), got "
+                 f"{self.engine_health_timeout_s:g}")
         poll_interval_ms = self.poll_interval_s * 1e3
         _require(0 < poll_interval_ms <= MAX_POLL_INTERVAL_MS,  # comparisons: also refuse nan
                  f"BEAR_SNAPSHOTTER_POLL_INTERVAL_MS (--poll-interval-ms) must be > 0 and at most "
@@ -124,6 +130,7 @@ class SnapshotterConfig:
             model=environ.get("BEAR_MODEL", ""),
             endpoint=environ.get("BEAR_INSTANCE_ENDPOINT", ""),
             engine_health_url=environ.get("BEAR_ENGINE_HEALTH_URL", "").strip(),
+            engine_health_timeout_s=_float(environ, "BEAR_ENGINE_HEALTH_TIMEOUT_S", defaults.engine_health_timeout_s),
             input_usd_per_million_tokens=_float(environ, "BEAR_INPUT_USD_PER_MTOK", 0.0),
             output_usd_per_million_tokens=_float(environ, "BEAR_OUTPUT_USD_PER_MTOK", 0.0),
             poll_interval_s=_float(environ, "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS", defaults.poll_interval_s * 1e3) / 1e3,
@@ -180,4 +187,9 @@ def _is_url(text: str) -> bool:
 
 
 def _is_http_url(text: str) -> bool:
-    return _is_url(text) and urllib.parse.urlsplit(text).scheme in ("http", "https")
+    """An http(s) URL urllib can send as it is: printable ASCII without spaces, a host, no credentials (they would be
+    logged with it), no port 0."""
+    if not _is_url(text) or not all("!" <= c <= "~" for c in text):
+        return False
+    parts = urllib.parse.urlsplit(text)
+    return parts.scheme.lower() in ("http", "https") and "@" not in parts.netloc and parts.port != 0

@@ -44,7 +44,8 @@ def run(config: SnapshotterConfig, stop: threading.Event | None = None,
     calibrator = OnlineCalibrator(config.calibration_window, config.calibration_min_samples,
                                   config.calibration_refit_s)
     health_servicer = health.HealthServicer()
-    probe = EngineHealthProbe(config.engine_health_url) if config.engine_health_url else None
+    probe = EngineHealthProbe(config.engine_health_url, timeout_s=config.engine_health_timeout_s) \
+        if config.engine_health_url else None
     snapshotter = Snapshotter(config, reader, publisher, calibrator,
                               on_availability=lambda available: set_availability(health_servicer, available),
                               engine_healthy=probe.healthy if probe is not None else lambda: True)
@@ -59,7 +60,7 @@ def run(config: SnapshotterConfig, stop: threading.Event | None = None,
     publisher.start()
     try:
         metrics_server, metrics_port = _serve_metrics(config.metrics_port, config.grpc_host,
-                                                     SnapshotterCollector(snapshotter, publisher))
+                                                     SnapshotterCollector(snapshotter, publisher, probe=probe))
     except OSError as error:
         server.stop(None).wait()
         publisher.stop()

@@ -1,6 +1,9 @@
 """The sidecar's Prometheus metrics, read from its parts at scrape time (served on /metrics by `main`).
 
-    bear_snapshotter_engine_available                  1 while a live engine writes the region, else 0
+    bear_snapshotter_engine_available                  1 while a live engine writes the region (and its server
+                                                       answers the health probe, where one is set), else 0
+    bear_snapshotter_engine_health_probes_total        health probes of the vLLM server (with a health URL only)
+    bear_snapshotter_engine_health_failures_total      those that failed (refused, timed out, not 200)
     bear_snapshotter_snapshots_total                   new engine states read from the region
     bear_snapshotter_region_errors_total               reads of a region this version cannot read
     bear_snapshotter_torn_reads_total                  copies of the region dropped: the engine wrote meanwhile
@@ -28,19 +31,26 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from bear.snapshotter.engine_health import EngineHealthProbe
 from bear.snapshotter.publisher import RedisPublisher
 from bear.snapshotter.sidecar import Snapshotter
 
 
 class SnapshotterCollector(Collector):
-    def __init__(self, snapshotter: Snapshotter, publisher: RedisPublisher, clock: Callable[[], float] = time.time):
-        self._snapshotter, self._publisher, self._clock = snapshotter, publisher, clock
+    def __init__(self, snapshotter: Snapshotter, publisher: RedisPublisher, clock: Callable[[], float] = time.time,
+                 probe: EngineHealthProbe | None = None):
+        self._snapshotter, self._publisher, self._clock, self._probe = snapshotter, publisher, clock, probe
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         s, now = self._snapshotter, self._clock()
         latest, fit = s.latest(), s.coefficients()
         yield GaugeMetricFamily("bear_snapshotter_engine_available", "1 while a live engine writes the region",
                                 value=1.0 if s.available else 0.0)
+        if self._probe is not None:
+            yield CounterMetricFamily("bear_snapshotter_engine_health_probes", "Health probes of the vLLM server",
+                                      value=self._probe.num_probes)
+            yield CounterMetricFamily("bear_snapshotter_engine_health_failures", "Health probes of the vLLM server "
+                                      "that failed (refused, timed out, not 200)", value=self._probe.num_failures)
         yield CounterMetricFamily("bear_snapshotter_snapshots", "New engine states read from the region",
                                   value=s.num_snapshots)
         yield CounterMetricFamily("bear_snapshotter_region_errors", "Reads of a region this version cannot read",

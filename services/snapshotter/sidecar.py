@@ -80,10 +80,10 @@ class Snapshotter:
         """One read of the region; True if it held something new."""
         region = self._read(changed_only=True)
         now = self._clock()
-        if (not self._reader.attached or now - self._reader.alive_at_s() > self._config.engine_timeout_s
-                or not self._engine_healthy()):
+        gone = self._why_no_engine(now)
+        if gone:
             self._set_latest(None)
-            self._set_available(False)
+            self._set_available(False, gone)
             return False
         coming_back = self._available is False
         self._set_available(True)
@@ -153,14 +153,23 @@ class Snapshotter:
         if self._publisher is not None:
             self._publisher.set_registration(registration)
 
-    def _set_available(self, available: bool) -> None:
+    def _why_no_engine(self, now: float) -> str:
+        """Why no live engine is behind the region ("" if one is)."""
+        if not self._reader.attached:
+            return "no region yet" if self._available is None else "region removed"
+        if now - self._reader.alive_at_s() > self._config.engine_timeout_s:
+            return f"no heartbeat for {self._config.engine_timeout_s:g} s"
+        if not self._engine_healthy():
+            return f"its server does not answer {self._config.engine_health_url}"
+        return ""
+
+    def _set_available(self, available: bool, why: str = "") -> None:
         if available != self._available:
+            # Not yet at start is no news (the sidecar often starts first); a live engine lost is.
+            log = logger.warning if self._available else logger.info
             self._available = available
             if not available:
-                logger.warning("no live engine behind %s (region missing, no heartbeat for %.0f s%s): waiting for one",
-                               self._reader.path, self._config.engine_timeout_s,
-                               f", or no answer at {self._config.engine_health_url}"
-                               if self._config.engine_health_url else "")
+                log("no live engine behind %s (%s): waiting for one", self._reader.path, why)
                 # Routers must stop sending it queries now, not when the registration's TTL runs out (it would not:
                 # the heartbeat refreshes it); the next engine registers anew.
                 self._engine_created_at_s = None

@@ -22,6 +22,7 @@ from bear.snapshotter import main
 from bear.snapshotter.config import SnapshotterConfig
 from bear.snapshotter.server import SERVICE_NAME
 from bear.v1 import calibration_pb2, snapshot_pb2, snapshotter_pb2, snapshotter_pb2_grpc
+from tests.http_health import HealthServer
 from tests.redis_server import RedisServer
 from tests.region_builders import FakeEngine, decoding, small_capacities, waiting
 
@@ -238,6 +239,45 @@ def test_metrics_report_the_engine_the_snapshots_and_the_fit(sidecar: Sidecar, r
     assert "bear_snapshotter_engine_state_age_seconds" in samples  # (these states carry made-up times)
     assert 0 <= samples["bear_snapshotter_calibration_mape"] < 0.05
     assert 'bear_snapshotter_residents{queue="running"}' in samples
+
+
+def test_with_a_health_url_the_instance_is_registered_while_the_server_answers(redis_server: RedisServer, region: str,
+                                                                            client: redis.Redis) -> None:
+    """The whole sidecar with its health probe against a real HTTP server and a real Redis: an engine whose server
+    does not answer yet is not registered; it is once the server answers, withdrawn when it stops, and back when it
+    answers again (its region unchanged: the engine is idle); the probes are counted on /metrics."""
+    health = HealthServer()
+    health.status = 503
+    config = SnapshotterConfig(region=region, instance_id="pod-1", pool="small", endpoint="http://pod-1:8000",
+                               engine_health_url=health.url, engine_health_timeout_s=1.0, poll_interval_s=0.002,
+                               grpc_host="127.0.0.1", grpc_port=0, metrics_port=0, snapshot_ttl_s=2.0,
+                               redis=RedisConfig(url=redis_server.url, timeout_s=0.5))
+    engine = FakeEngine(region, small_capacities(max_rows=16, max_step_entries=16, max_slots=64))
+    engine.write_state([decoding("a")], written_at_s=time.time())
+    sidecar = Sidecar(config)
+    registered = lambda: client.exists(redis_keys.instance_key("pod-1")) == 1  # noqa: E731
+    try:
+        time.sleep(1.5)  # three probes answered 503
+        assert not registered() and not sidecar.serving() and stored_snapshot(client) is None
+        health.status = 200
+        wait_until(registered, 5)
+        assert sidecar.serving() and [r.request_id for r in wait_until(lambda: stored_snapshot(client)).running] == [
+            "a"]
+        health.status = 503
+        started = time.monotonic()
+        wait_until(lambda: not registered(), 5)
+        assert time.monotonic() - started < 2.5 and stored_snapshot(client) is None and not sidecar.serving()
+        health.status = 200
+        wait_until(registered, 5)
+        wait_until(lambda: stored_snapshot(client))  # republished though the region did not change
+        text = urllib.request.urlopen(f"http://127.0.0.1:{sidecar.metrics_port}/metrics", timeout=5).read().decode()
+        samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+        assert float(samples["bear_snapshotter_engine_health_failures_total"]) >= 4
+        assert float(samples["bear_snapshotter_engine_health_probes_total"]) > float(
+            samples["bear_snapshotter_engine_health_failures_total"])
+    finally:
+        sidecar.close()
+        health.close()
 
 
 def test_losing_redis_does_not_stop_reading_and_publishing_resumes(sidecar: Sidecar, region: str,

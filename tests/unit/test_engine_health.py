@@ -4,11 +4,8 @@ when it stops answering, and published again when it answers again even though i
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -19,35 +16,8 @@ from bear.snapshotter.reader import RegionReader
 from bear.snapshotter.region import Capacities
 from bear.snapshotter.serve import add_arguments, config_from
 from bear.snapshotter.sidecar import Snapshotter
+from tests.http_health import HealthServer, RawServer, closed_port_url
 from tests.region_builders import FakeEngine, decoding
-
-
-class HealthServer:
-    """/health answering `status` (a real HTTP server on a free loopback port)."""
-
-    def __init__(self) -> None:
-        self.status = 200
-        self.num_requests = 0
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                outer.num_requests += 1
-                self.send_response(outer.status if self.path == "/health" else 404)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/health"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
@@ -55,13 +25,6 @@ def server():
     running = HealthServer()
     yield running
     running.close()
-
-
-def closed_port_url() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}/health"
 
 
 def test_healthy_from_the_first_200_and_failed_after_two_failures_in_a_row(server: HealthServer) -> None:
@@ -127,6 +90,58 @@ def test_the_probe_thread_follows_the_server(server: HealthServer) -> None:
     assert server.num_requests == count  # stopped
 
 
+def banner(connection) -> None:  # noqa: ANN001
+    connection.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")  # not HTTP: http.client raises BadStatusLine
+
+
+def dribble(connection) -> None:  # noqa: ANN001
+    connection.recv(4096)
+    connection.sendall(b"HTTP/1.1 200 OK\r\n")
+    for _ in range(40):  # headers one byte every 0.1 s: each read is quick, the answer never complete in time
+        connection.sendall(b"X")
+        time.sleep(0.1)
+
+
+def silent(connection) -> None:  # noqa: ANN001
+    connection.recv(4096)
+    time.sleep(5)
+
+
+@pytest.mark.parametrize("behave, failures", [(banner, ("BadStatusLine",)), (dribble, ("no answer within 0.5 s",)),
+                                              (silent, ("no answer within 0.5 s", "timed out"))])
+def test_whatever_the_peer_does_a_probe_fails_within_its_timeout_and_the_probe_goes_on(
+        behave, failures: tuple[str, ...]) -> None:
+    raw = RawServer(behave)
+    try:
+        probe = EngineHealthProbe(raw.url, timeout_s=0.5)
+        for _ in range(2):
+            started = time.monotonic()
+            assert not probe.probe_once()
+            assert time.monotonic() - started < 0.9
+            assert any(failure in probe.last_failure for failure in failures)
+    finally:
+        raw.close()
+
+
+def test_a_redirect_is_a_failure_not_followed(server: HealthServer) -> None:
+    server.status = 302
+    probe = EngineHealthProbe(server.url, timeout_s=2.0)
+    assert not probe.probe_once() and probe.last_failure == "HTTP 302"
+
+
+def test_stop_returns_at_once_while_a_probe_hangs() -> None:
+    raw = RawServer(silent)
+    try:
+        probe = EngineHealthProbe(raw.url, interval_s=0.05, timeout_s=3.0)
+        probe.start()
+        time.sleep(0.3)
+        started = time.monotonic()
+        probe.stop()
+        assert time.monotonic() - started < 0.5
+    finally:
+        raw.close()
+
+
 @pytest.mark.parametrize("interval_s, timeout_s, failures", [(0, 1, 2), (0.5, 0, 2), (0.5, 1, 0)])
 def test_bad_probe_settings_are_refused(interval_s: float, timeout_s: float, failures: int) -> None:
     with pytest.raises(ValueError):
@@ -188,8 +203,12 @@ def test_the_sidecar_registers_only_a_server_that_answers_and_withdraws_one_that
 
 
 def test_the_health_url_is_a_setting_and_a_flag() -> None:
-    config = SnapshotterConfig.from_environ({"BEAR_ENGINE_HEALTH_URL": " http://localhost:8000/health "})
-    assert config.engine_health_url == "http://localhost:8000/health"
+    config = SnapshotterConfig.from_environ({"BEAR_ENGINE_HEALTH_URL": " http://localhost:8000/health?x=1 ",
+                                             "BEAR_ENGINE_HEALTH_TIMEOUT_S": "1.5"})
+    assert (config.engine_health_url, config.engine_health_timeout_s) == ("http://localhost:8000/health?x=1", 1.5)
+    for bad in ("0", "-1", "nan", "inf", "61"):
+        with pytest.raises(ValueError, match="BEAR_ENGINE_HEALTH_TIMEOUT_S"):
+            SnapshotterConfig.from_environ({"BEAR_ENGINE_HEALTH_TIMEOUT_S": bad})
     assert SnapshotterConfig.from_environ({}).engine_health_url == ""  # off: the region's heartbeat alone
     import argparse
 
@@ -200,7 +219,9 @@ def test_the_health_url_is_a_setting_and_a_flag() -> None:
 
 
 @pytest.mark.parametrize("url", ["localhost:8000/health", "ftp://localhost/health", "http://:8000/health",
-                                 "http://localhost:99999/health", "sim://tiny-0"])
+                                 "http://localhost:99999/health", "sim://tiny-0", "http://localhost:8000/he alth",
+                                 "http://localhost:8000/gesundheitsprüfung", "http://localhost:0/health",
+                                 "http://admin:s3cret@localhost:8000/health", "http://:s3cret@localhost/health"])
 def test_a_health_url_that_is_no_http_url_is_refused_naming_the_setting(url: str) -> None:
     with pytest.raises(ValueError, match="BEAR_ENGINE_HEALTH_URL"):
         SnapshotterConfig.from_environ({"BEAR_ENGINE_HEALTH_URL": url})
