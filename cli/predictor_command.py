@@ -67,6 +67,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                               help=f"rows of the table (prompts × models), at most {MAX_SYNTH_ROWS}")
     synth_parser.add_argument("--seed", type=seed, required=True, help="a non-negative integer below 2**31")
     synth_parser.add_argument("--out", type=Path, required=True, help="output file (.parquet, .csv or .jsonl)")
+    synth_parser.add_argument("--force", action="store_true", help="replace --out if it exists")
     synth_parser.set_defaults(handler=_synth)
 
 
@@ -135,6 +136,10 @@ def _synth(args: argparse.Namespace) -> int:
 
     def work() -> dict[str, Any]:
         check_table_path(args.out, "--out")  # before the table is built, not after
+        if args.out.is_dir():
+            raise _Usage(f"--out: {args.out} is a folder, not a file")
+        if args.out.exists() and not args.force:  # it may be someone's real evaluations
+            raise _Usage(f"--out: {args.out} exists (use --force to replace it with the synthetic table)")
         corpus = generate(args.rows, args.seed, _progress)
         write_eval_table(corpus.table, args.out, {"source": [SOURCE] * len(corpus.table)})
         return {"synthetic": True, "source": SOURCE, "out": str(args.out), "rows": len(corpus.table),
@@ -165,7 +170,8 @@ def _run(action: str, work: Callable[[], dict[str, Any]]) -> int:
         print(f"bear predictor {action}: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except OSError as error:
-        print(f"bear predictor {action}: {error.filename or ''}: {error.strerror or error}", file=sys.stderr)
+        where = f"{error.filename}: " if error.filename else ""
+        print(f"bear predictor {action}: {where}{error.strerror or error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(json.dumps(output))
     return 0

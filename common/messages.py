@@ -7,8 +7,12 @@ from __future__ import annotations
 MAX_SHOWN_CHARS = 64
 
 
-def shown(value: str, limit: int = MAX_SHOWN_CHARS) -> str:
-    """`value`'s repr, or the repr of its first `limit` characters followed by its length."""
-    if len(value) <= limit:
-        return repr(value)
-    return f"{value[:limit]!r}… ({len(value)} characters)"
+def shown(value: object, limit: int = MAX_SHOWN_CHARS) -> str:
+    """`value`'s repr, or for a longer text the repr of its first `limit` characters followed by its length (for any
+    other value, its repr cut to `limit` characters)."""
+    if isinstance(value, str):
+        if len(value) <= limit:
+            return repr(value)
+        return f"{value[:limit]!r}… ({len(value)} characters)"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}… (a {type(value).__name__})"

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
@@ -51,6 +53,8 @@ class ArtifactError(ValueError):
 def save_problem(folder: Path, replace: bool) -> str | None:
     """Why an artifact cannot be saved into `folder`, or None: it may be absent or an empty directory, and with
     `replace` an earlier artifact (its manifest and files, nothing else), never a folder holding anything more."""
+    if folder.is_symlink():  # replacing it would replace the link, not what it points to
+        return f"{folder} is a symbolic link: give the folder it points to ({folder.resolve()})"
     if not folder.exists():
         return None
     if not folder.is_dir():
@@ -89,6 +93,9 @@ class PredictorArtifact:
         folder.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
         try:
+            # mkdtemp makes it private (0700); the artifact is read by services under other accounts, as its files
+            # (made under the umask) are.
+            staging.chmod(0o777 & ~_umask())
             files = {
                 "catalog.json": _json(self.catalog.to_json()),
                 "features.json": _json(feature_spec()),
@@ -209,8 +216,26 @@ def _distribution(entry: Any) -> LengthDistribution:
                               float(entry["scale_to_mean"]))
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (os.umask sets it to read it)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _baseline(entry: Any) -> ConstantBaseline:
-    return ConstantBaseline(float(entry["accuracy"]), float(entry["output_tokens"]))
+    accuracy, output_tokens = float(entry["accuracy"]), float(entry["output_tokens"])
+    if not (0.0 <= accuracy <= 1.0 and 0.0 <= output_tokens < math.inf):  # also refuses NaN
+        raise ValueError(f"accuracy must be in [0, 1] and output_tokens a finite number >= 0, got {accuracy!r} and "
+                         f"{output_tokens!r}")
+    return ConstantBaseline(accuracy, output_tokens)
 
 
 def _json(document: Any) -> str:

@@ -22,6 +22,8 @@ from typing import Any
 from bear.common.messages import shown
 
 TOKENS_PER_MTOK = 1_000_000
+MAX_USD_PER_MTOK = 1e6  # a price above a million USD per million tokens is a typo; below it, every cost stays finite
+MAX_NUMBER = 1e300  # the catalogue's other numbers: finite, with room for the features' arithmetic
 DEFAULT_TOKENIZER = "qwen"
 
 
@@ -161,24 +163,28 @@ def _model(item: Any, path: str, known_tokenizers: Sequence[str]) -> ModelSpec:
         raise CatalogError(f"{path}.max_context_tokens: expected an integer, got {item['max_context_tokens']!r}")
     return ModelSpec(
         name=name,
-        input_usd_per_mtok=_number(item, "input_usd_per_mtok", path, minimum=0.0),
-        output_usd_per_mtok=_number(item, "output_usd_per_mtok", path, minimum=0.0),
+        input_usd_per_mtok=_number(item, "input_usd_per_mtok", path, minimum=0.0, maximum=MAX_USD_PER_MTOK),
+        output_usd_per_mtok=_number(item, "output_usd_per_mtok", path, minimum=0.0, maximum=MAX_USD_PER_MTOK),
         num_params=_number(item, "num_params", path, minimum=1.0),
         max_context_tokens=int(context),
         tokenizer=tokenizer,
     )
 
 
-def _number(item: Mapping[str, Any], key: str, path: str, minimum: float) -> float:
+def _number(item: Mapping[str, Any], key: str, path: str, minimum: float, maximum: float = MAX_NUMBER) -> float:
     raw = item[key]
     if isinstance(raw, str):  # YAML 1.1 reads 0.6e9 as a string
         try:
             raw = float(raw)
         except ValueError:
-            raise CatalogError(f"{path}.{key}: expected a number, got {item[key]!r}") from None
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw) or raw < minimum:
-        raise CatalogError(f"{path}.{key}: expected a finite number >= {minimum:g}, got {item[key]!r}")
-    return float(raw)
+            raise CatalogError(f"{path}.{key}: expected a number, got {shown(item[key])}") from None
+    try:
+        value = float(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else math.nan
+    except OverflowError:  # an integer beyond any float
+        value = math.nan
+    if not minimum <= value <= maximum:  # also refuses nan and inf
+        raise CatalogError(f"{path}.{key}: expected a number in [{minimum:g}, {maximum:g}], got {shown(item[key])}")
+    return value
 
 
 def read_catalog(path: Path, known_tokenizers: Sequence[str]) -> Catalog:

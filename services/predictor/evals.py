@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from bear.common.messages import shown
+
 REQUIRED_COLUMNS = ("prompt", "model", "score", "output_tokens")
 OPTIONAL_COLUMNS = ("task",)
 MAX_OUTPUT_TOKENS = 10**9  # a response longer than this is a broken row (and would not fit the int64 column)
@@ -105,10 +107,23 @@ def _read_columns(path: Path) -> tuple[dict[str, list[Any]], bool]:
         if kind == "csv":
             # utf-8-sig: spreadsheets start their CSV with a byte-order mark, which would stick to the first name
             with path.open(newline="", encoding="utf-8-sig") as source, _csv_fields_of_any_size():
-                reader = csv.DictReader(source)
-                rows = list(reader)
-                names = [name for name in reader.fieldnames or () if isinstance(name, str)]
-            return {name: [row[name] for row in rows] for name in names}, True
+                reader = csv.reader(source)
+                header = next(reader, [])
+                repeated = sorted({name for name in header if header.count(name) > 1})
+                if repeated:  # which of the two would be meant? (Parquet refuses it too)
+                    raise EvalsError(f"evals: {path}: column {shown(repeated[0])} appears more than once in the header")
+                columns: dict[str, list[Any]] = {name: [] for name in header}
+                for row in reader:
+                    if not row:  # a blank line (DictReader skipped them too)
+                        continue
+                    if len(row) > len(header):  # a stray comma: the fields no longer line up with the header
+                        raise EvalsError(f"evals: {path}: line {reader.line_num} has {len(row)} fields, the header "
+                                         f"{len(header)}")
+                    for name, value in zip(header, row):
+                        columns[name].append(value)
+                    for name in header[len(row):]:  # a short row: its missing fields are empty, as DictReader had it
+                        columns[name].append(None)
+            return columns, True
         return _jsonl_columns(path), False
     except OSError as error:
         raise EvalsError(f"evals: cannot read {path}: {error.strerror or error}") from None
@@ -170,7 +185,7 @@ def check_table_path(path: Path, what: str) -> None:
 
 def _text(value: Any, column: str, i: int) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise EvalsError(f"evals row {i + 1}: {column} must be a non-empty string, got {value!r}")
+        raise EvalsError(f"evals row {i + 1}: {column} must be a non-empty string, got {shown(value)}")
     return value
 
 
@@ -179,7 +194,7 @@ def _task(value: Any, i: int) -> str:
     if value is None or value == "" or (isinstance(value, float) and math.isnan(value)):
         return ""
     if not isinstance(value, str):
-        raise EvalsError(f"evals row {i + 1}: task must be a string, got {value!r}")
+        raise EvalsError(f"evals row {i + 1}: task must be a string, got {shown(value)}")
     return value
 
 
@@ -196,7 +211,7 @@ def _tokens(value: Any, i: int, from_text: bool) -> int:
     number = _number(value, "output_tokens", i, from_text)
     if not (math.isfinite(number) and number == int(number) and 1 <= number <= MAX_OUTPUT_TOKENS):
         raise EvalsError(f"evals row {i + 1}: output_tokens must be an integer in [1, {MAX_OUTPUT_TOKENS}], "
-                         f"got {value!r}")
+                         f"got {shown(value)}")
     return int(number)
 
 
@@ -205,7 +220,11 @@ def _number(value: Any, column: str, i: int, from_text: bool) -> float:
         try:
             return float(value)
         except ValueError:
-            raise EvalsError(f"evals row {i + 1}: {column} must be a number, got {value!r}") from None
+            raise EvalsError(f"evals row {i + 1}: {column} must be a number, got {shown(value)}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise EvalsError(f"evals row {i + 1}: {column} must be a number, got {value!r}")
-    return float(value)
+        raise EvalsError(f"evals row {i + 1}: {column} must be a number, got {shown(value)}")
+    try:
+        return float(value)
+    except OverflowError:  # an integer beyond any float (JSON Lines allows it)
+        raise EvalsError(f"evals row {i + 1}: {column} must be a number of a sensible size, got {shown(value)}") \
+            from None

@@ -42,7 +42,7 @@ def predict_arguments(request: predictor_pb2.PredictRequest, catalog: Catalog,
         raise InvalidRequest("prompt is empty")
     if len(request.prompt) > max_prompt_chars:
         raise InvalidRequest(f"prompt has {len(request.prompt)} characters; at most {max_prompt_chars} are accepted")
-    models = [_known_model(catalog, model, f"models[{index}]", by_repository_id=True)
+    models = [_known_model(catalog, model, f"models[{index}]")
               for index, model in enumerate(request.models)]
     return request.prompt, list(dict.fromkeys(models)) or None  # a model named twice is predicted once
 
@@ -94,9 +94,10 @@ def remaining_response(num_queries: int, groups: list[RemainingGroup],
     return predictor_pb2.ExpectedRemainingResponse(remaining_tokens=remaining.tolist())
 
 
-def _known_model(catalog: Catalog, model: str, where: str, by_repository_id: bool = False) -> str:
-    """The catalogue's name of `model` (with `by_repository_id`, also of `org/name` where `name` is in it)."""
+def _known_model(catalog: Catalog, model: str, where: str) -> str:
+    """The catalogue's name of `model`, also of `org/name` where `name` is in it (Predict and ExpectedRemaining
+    alike: a pool registered under vLLM's default served name, the repository id, asks for both)."""
     try:
-        return catalog.resolve(model) if by_repository_id else catalog.spec(model).name
+        return catalog.resolve(model)
     except UnknownModelError as error:
         raise InvalidRequest(f"{where}: {error}") from None

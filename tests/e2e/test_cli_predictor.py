@@ -55,6 +55,19 @@ def test_synth_of_a_few_rows_warns_nothing_and_a_bad_out_is_refused_before_the_w
     assert refused.returncode == 2 and "the folder" in refused.stderr and "does not exist" in refused.stderr
 
 
+def test_synth_does_not_replace_an_existing_table_without_force(tmp_path: Path) -> None:
+    """(QA: it silently replaced a user's real evaluations with the synthetic table.)"""
+    real = tmp_path / "my_real_evals.csv"
+    real.write_text("prompt,model,score,output_tokens\nmine,Qwen3-8B,1,10\n")
+    refused = _bear("synth", "--rows", "3", "--seed", "0", "--out", str(real))
+    assert refused.returncode == 2 and "exists (use --force to replace it" in refused.stderr
+    assert "mine" in real.read_text()
+    assert _json(_bear("synth", "--rows", "3", "--seed", "0", "--out", str(real), "--force"))["rows"] == 3
+    (tmp_path / "d.parquet").mkdir()
+    refused = _bear("synth", "--rows", "3", "--seed", "0", "--out", str(tmp_path / "d.parquet"), "--force")
+    assert refused.returncode == 2 and "is a folder, not a file" in refused.stderr
+
+
 def test_train_writes_a_model_directory(workspace: Path) -> None:
     manifest = json.loads((workspace / "model" / "manifest.json").read_text())
     assert manifest["format_version"] == 1 and manifest["training"]["num_rows"] == 450

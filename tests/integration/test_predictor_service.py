@@ -116,6 +116,15 @@ def test_expected_remaining_answers_a_batch_of_several_models(stub: predictor_pb
     assert min(reply.remaining_tokens) >= 1
 
 
+def test_expected_remaining_knows_a_model_by_its_repository_id_as_predict_does(
+        stub: predictor_pb2_grpc.PredictorStub, reference: Predictor) -> None:
+    """A pool registered under vLLM's default served name (the repository id) asks with it (QA: Predict took
+    `Qwen/Qwen3-8B`, ExpectedRemaining refused it)."""
+    query = predictor_pb2.RemainingQuery(model=f"Qwen/{SMALL}", predicted_output_tokens=300, generated_tokens=120)
+    reply = stub.ExpectedRemaining(predictor_pb2.ExpectedRemainingRequest(queries=[query]), timeout=10)
+    assert list(reply.remaining_tokens) == pytest.approx([reference.expected_remaining_tokens(SMALL, 300, 120)])
+
+
 def test_a_bad_remaining_query_is_invalid_argument(stub: predictor_pb2_grpc.PredictorStub) -> None:
     with pytest.raises(grpc.RpcError) as error:
         stub.ExpectedRemaining(predictor_pb2.ExpectedRemainingRequest(queries=[

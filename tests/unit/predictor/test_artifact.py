@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -107,3 +109,35 @@ def test_a_consistent_but_unusable_model_is_refused(saved: Path) -> None:
     _rewrite(saved, "length_distributions.json", json.dumps({"Qwen3-0.6B": {"ratios": [1.0]}}), fix_checksum=True)
     with pytest.raises(ArtifactError, match="length_distributions.json: model 'Qwen3-0.6B'"):
         load_predictor(saved)
+
+
+@pytest.mark.parametrize("entry", [{"accuracy": float("nan"), "output_tokens": 10},
+                                   {"accuracy": 1.5, "output_tokens": 10},
+                                   {"accuracy": 0.5, "output_tokens": float("inf")}])
+def test_a_baseline_that_is_no_accuracy_or_length_is_refused(saved: Path, entry: dict[str, float]) -> None:
+    """(QA: a baselines.json holding NaN loaded, and `bear predictor evaluate` printed NaN, which is no JSON.)"""
+    baselines = json.loads((saved / "baselines.json").read_text())
+    baselines["Qwen3-0.6B"] = entry
+    _rewrite(saved, "baselines.json", json.dumps(baselines), fix_checksum=True)
+    with pytest.raises(ArtifactError, match="baselines.json: model 'Qwen3-0.6B': accuracy must be in"):
+        load_predictor(saved)
+
+
+def test_the_artifact_folder_is_as_readable_as_its_files(tmp_path: Path) -> None:
+    """(QA: mkdtemp's 0700 stayed on the folder, so a service under another account could not read a model whose
+    files it could.)"""
+    previous = os.umask(0o022)
+    try:
+        trained_artifact().save(tmp_path / "model")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "model").stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "model" / MANIFEST).stat().st_mode) == 0o644
+
+
+def test_a_symbolic_link_is_no_place_to_save(saved: Path, tmp_path: Path) -> None:
+    """(QA: `train --out link --force` failed with ': Cannot call rmtree on a symbolic link'.)"""
+    (tmp_path / "link").symlink_to(saved)
+    with pytest.raises(FileExistsError, match="is a symbolic link: give the folder it points to"):
+        trained_artifact().save(tmp_path / "link", replace=True)
+    assert (saved / MANIFEST).exists()

@@ -67,7 +67,10 @@ def _with(path: str, value: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("document", "message"), [
     (_with("0.input_usd_per_mtok", None), r"models\[0\]\.input_usd_per_mtok: missing"),
-    (_with("1.output_usd_per_mtok", -1), r"models\[1\]\.output_usd_per_mtok: expected a finite number >= 0"),
+    (_with("1.output_usd_per_mtok", -1), r"models\[1\]\.output_usd_per_mtok: expected a number in \[0, 1e\+06\]"),
+    (_with("1.output_usd_per_mtok", 1e308), r"output_usd_per_mtok: expected a number in \[0, 1e\+06\], got 1e\+308"),
+    (_with("0.num_params", 10**400), r"models\[0\]\.num_params: expected a number in \[1, 1e\+300\]"),
+    (_with("0.num_params", float("nan")), r"models\[0\]\.num_params: expected a number in"),
     (_with("0.num_params", "many"), r"models\[0\]\.num_params: expected a number"),
     (_with("0.max_context_tokens", 1.5), r"models\[0\]\.max_context_tokens: expected an integer"),
     (_with("0.tokenizer", "gpt2"), r"models\[0\]\.tokenizer: unknown tokenizer 'gpt2'"),

@@ -57,6 +57,8 @@ def test_files_as_tools_write_them_are_read(tmp_path: Path) -> None:
     ("prompt", "  ", "evals row 2: prompt must be a non-empty string"),
     ("model", 3, "evals row 2: model must be a non-empty string, got 3"),
     ("task", 5, "evals row 2: task must be a string, got 5"),
+    ("output_tokens", 10**400, "evals row 2: output_tokens must be a number of a sensible size"),  # JSON Lines has it
+    ("score", b"\x00" * 20_000, r"evals row 2: score must be a number, got b'\\x00.*… \(a bytes\)$"),  # cut short
 ])
 def test_bad_values_name_the_row_and_column(column: str, value: object, message: str) -> None:
     columns: dict[str, list[object]] = {"prompt": ["p", "q"], "model": ["m", "m"], "score": [0.5, 0.5],
@@ -64,6 +66,22 @@ def test_bad_values_name_the_row_and_column(column: str, value: object, message:
     columns[column][1] = value
     with pytest.raises(EvalsError, match=message):
         table_from_columns(columns)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("prompt,model,score,score,output_tokens\np,m,0.1,0.9,3\n", "column 'score' appears more than once"),
+    ("prompt,model,score,output_tokens\np,m,0.5,3,extra\n", "line 2 has 5 fields, the header 4"),
+])
+def test_a_csv_whose_fields_do_not_line_up_with_its_header_is_refused(tmp_path: Path, text: str,
+                                                                       message: str) -> None:
+    (tmp_path / "t.csv").write_text(text)
+    with pytest.raises(EvalsError, match=message):
+        read_eval_table(tmp_path / "t.csv")
+
+
+def test_blank_lines_in_a_csv_are_skipped(tmp_path: Path) -> None:
+    (tmp_path / "t.csv").write_text("prompt,model,score,output_tokens\n\np,m,0.5,3\n\n")
+    assert read_eval_table(tmp_path / "t.csv").prompts == ("p",)
 
 
 @pytest.mark.parametrize("missing", ["prompt", "model", "score", "output_tokens"])
