@@ -1,7 +1,8 @@
 """Where a service's settings come from: command-line flags over the environment over an optional YAML file.
 
 Every setting has one name, its environment variable (e.g. BEAR_MAX_SNAPSHOT_AGE_S). In the file it is written
-without the `BEAR_` prefix, in lower case; values are scalars:
+without the `BEAR_` prefix, in lower case; values are scalars, read as the text written (`0123` is 0123, `yes` is yes,
+as in the environment; YAML 1.1 would read octal, booleans, sexagesimal numbers):
 
     max_snapshot_age_s: 1.0
     redis_url: redis://redis:6379/0
@@ -30,7 +31,9 @@ class ConfigFileError(ValueError):
 def add_flags(parser: argparse.ArgumentParser, flags: Mapping[str, tuple[str, str]]) -> None:
     """`--config FILE` and one option per flag (flag → (environment variable, help)), stored under the variable's
     name (see `flag_values`)."""
-    parser.add_argument("--config", metavar="FILE", help="YAML file of settings (flags and environment override it)")
+    parser.add_argument("--config", metavar="FILE", type=given_value,
+                        help="YAML file of settings, each written as its environment variable without BEAR_, in lower "
+                        "case (e.g. redis_url: redis://redis:6379/0); the environment and flags override it")
     for flag, (name, text) in flags.items():
         parser.add_argument(flag, dest=name, metavar=flag.removeprefix("--").replace("-", "_").upper(),
                             type=given_value, help=f"{text}; {name}")
@@ -69,7 +72,7 @@ def read_config_file(path: Path, known: set[str]) -> dict[str, str]:
     from bear.common.yaml_files import load_yaml
 
     try:
-        document = load_yaml(path.read_text(encoding="utf-8")) or {}
+        document = load_yaml(path.read_text(encoding="utf-8"), scalars_as_text=True) or {}
     except UnicodeDecodeError as error:
         raise ConfigFileError(f"config file {path}: not UTF-8 text (byte {error.object[error.start]:#04x} at "
                               f"offset {error.start})") from None
@@ -80,6 +83,9 @@ def read_config_file(path: Path, known: set[str]) -> dict[str, str]:
     settings = {}
     for key, value in document.items():
         name = PREFIX + str(key).upper()
+        if str(key) != str(key).lower():  # `PORT` beside `port` would pass the duplicate-key check
+            raise ConfigFileError(f"config file {path}: {key!r}: settings are written in lower case "
+                                  f"({str(key).lower()!r})")
         if name not in known:
             names = ", ".join(sorted(n.removeprefix(PREFIX).lower() for n in known))
             raise ConfigFileError(f"config file {path}: unknown setting {key!r} (known: {names})")

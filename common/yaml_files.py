@@ -42,6 +42,19 @@ class _StrictLoader(_SafeLoader):  # type: ignore[valid-type,misc]
         return super().construct_mapping(node, deep=deep)
 
 
-def load_yaml(text: str) -> Any:
-    """One YAML document, as yaml.safe_load reads it, but a repeated key in any mapping raises DuplicateKeyError."""
-    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+class _TextLoader(_StrictLoader):
+    """Plain scalars as written: YAML 1.1's implicit types (`0123` octal, `12:30` sexagesimal, `yes`/`no`/`on`/`off`
+    booleans) would make a setting in a file mean something else than the same text in an environment variable.
+    Only null (an empty value, `~`, `null`) and merge keys (`<<`) keep their meaning; quoting and explicit tags too."""
+
+    yaml_implicit_resolvers = {
+        first: [(tag, pattern) for tag, pattern in resolvers
+                if tag in ("tag:yaml.org,2002:null", "tag:yaml.org,2002:merge")]
+        for first, resolvers in _StrictLoader.yaml_implicit_resolvers.items()
+    }
+
+
+def load_yaml(text: str, *, scalars_as_text: bool = False) -> Any:
+    """One YAML document, as yaml.safe_load reads it (with `scalars_as_text`, plain scalars other than null stay the
+    text written), but a repeated key in any mapping raises DuplicateKeyError."""
+    return yaml.load(text, Loader=_TextLoader if scalars_as_text else _StrictLoader)  # noqa: S506 - SafeLoader's

@@ -11,6 +11,8 @@ class InvalidState(ValueError):
     """The state cannot be replayed; the message names the offending field."""
 
 
+MAX_BLOCK_SIZE = 65_536  # tokens per KV block at most (vLLM uses tens to hundreds; the core's memory grows with it)
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     """Scheduler settings of one vLLM engine."""
@@ -101,6 +103,9 @@ def check_state(state: InstanceState) -> None:
         min(engine.max_num_batched_tokens, engine.max_num_seqs, engine.block_size, engine.num_gpu_blocks) >= 1,
         "engine: max_num_batched_tokens, max_num_seqs, block_size and num_gpu_blocks must be >= 1",
     )
+    _require(engine.block_size <= MAX_BLOCK_SIZE, f"engine.block_size must be at most {MAX_BLOCK_SIZE}")
+    _require(len(state.running) <= engine.max_num_seqs,
+             f"{len(state.running)} running requests, more than engine.max_num_seqs ({engine.max_num_seqs})")
     _require(engine.max_model_len >= 2, "engine.max_model_len must be >= 2")
     _require(engine.long_prefill_token_threshold >= 0, "engine.long_prefill_token_threshold must be >= 0")
     _require(0.0 <= engine.watermark < 1.0, "engine.watermark must be in [0, 1)")

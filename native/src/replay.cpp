@@ -14,6 +14,8 @@ namespace {
 
 using sim::cdiv;
 
+constexpr int64_t kMaxBlockSize = 65536;  // bear.core.state.MAX_BLOCK_SIZE
+
 void require(bool ok, const char* message) {
   if (!ok) throw std::invalid_argument(message);
 }
@@ -58,6 +60,11 @@ void validate(const InstanceState& state) {
           "engine: max_num_batched_tokens, max_num_seqs and block_size must be >= 1");
   require(cfg.num_gpu_blocks >= 1 && cfg.max_model_len >= 2 && cfg.long_prefill_token_threshold >= 0,
           "engine: num_gpu_blocks >= 1, max_model_len >= 2 and long_prefill_token_threshold >= 0 are required");
+  // vLLM's block sizes are tens to hundreds of tokens; the core keeps per-token-slot buckets of a block (memory and
+  // time grow with it: 2^28 took 6 GB).
+  require(cfg.block_size <= kMaxBlockSize, "engine: block_size must be at most 65536");
+  require(static_cast<int64_t>(state.running.size()) <= cfg.max_num_seqs,
+          "more running requests than engine.max_num_seqs");
   require(cfg.watermark >= 0.0 && cfg.watermark < 1.0, "engine: watermark must be in [0, 1)");
   require(state.free_blocks >= 0 && state.free_blocks <= cfg.num_gpu_blocks, "free_blocks out of range");
   require_consistent(state.running, cfg, false);

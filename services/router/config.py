@@ -139,7 +139,10 @@ class RouterConfig:
                             ("BEAR_ROUTER_FORGET_AFTER_S", self.forget_after_s),
                             ("BEAR_ROUTER_FALLBACK_SNAPSHOT_AGE_S", self.fallback_snapshot_max_age_s)):
             _require(math.isfinite(value) and value > 0, f"{name} must be > 0, got {value!r}")
-        _require(self.default_output_tokens >= 1, "BEAR_ROUTER_DEFAULT_OUTPUT_TOKENS must be >= 1")
+        _require(self.refresh_interval_s >= 0.01, f"BEAR_ROUTER_REFRESH_S must be at least 0.01 (a reread of every "
+                 f"registration in Redis each time), got {self.refresh_interval_s!r}")
+        _require(1 <= self.default_output_tokens <= 1_000_000,
+                 f"BEAR_ROUTER_DEFAULT_OUTPUT_TOKENS must be in [1, 1000000], got {self.default_output_tokens!r}")
         _require(math.isfinite(self.lambda_per_micro_usd) and 0 <= self.lambda_per_micro_usd <= MAX_WEIGHT,
                  f"BEAR_LAMBDA_PER_MICRO_USD must be in [0, {MAX_WEIGHT:g}], got {self.lambda_per_micro_usd!r}")
         _require(0 < self.max_prompt_bytes <= MAX_PROMPT_BYTES_LIMIT,

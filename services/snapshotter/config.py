@@ -14,15 +14,19 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from bear.common.config_sources import grpc_target_problem
 from bear.common.redis_config import RedisConfig
 
 DEFAULT_REGION = "bear-snapshot"
 
 
 MAX_WAITING_ROWS_LIMIT = 65_536  # BEAR_SNAPSHOT_MAX_WAITING at most: estimators refuse snapshots with more rows
+MAX_RING_STEPS = 65_536  # BEAR_SNAPSHOT_RING_STEPS at most (a million steps made a 7 GB region in /dev/shm)
+MAX_ID_BYTES = 4096  # BEAR_SNAPSHOT_MAX_ID_BYTES at most (every row and step entry reserves this much)
 MAX_POLL_INTERVAL_MS = 60_000.0  # BEAR_SNAPSHOTTER_POLL_INTERVAL_MS at most (a region read at least once a minute)
 MAX_ENGINE_HEALTH_TIMEOUT_S = 60.0  # BEAR_ENGINE_HEALTH_TIMEOUT_S at most
-MAX_SNAPSHOT_TTL_S = 86_400.0  # BEAR_SNAPSHOT_TTL_S at most: a stopped instance's keys are gone within a day
+MAX_SNAPSHOT_TTL_S = 86_400.0
+MIN_REFRESH_S = 0.01  # BEAR_SNAPSHOT_REFRESH_S at least: an idle engine's snapshot republished 100 times a second  # BEAR_SNAPSHOT_TTL_S at most: a stopped instance's keys are gone within a day
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,14 +42,14 @@ class PluginConfig:
         _require(bool(self.region), "BEAR_SNAPSHOT_REGION must not be empty")
         _require(0 <= self.max_waiting_rows <= MAX_WAITING_ROWS_LIMIT,
                  f"BEAR_SNAPSHOT_MAX_WAITING must be in [0, {MAX_WAITING_ROWS_LIMIT}]")
-        _require(self.ring_steps >= 4, "BEAR_SNAPSHOT_RING_STEPS must be >= 4")
-        _require(self.max_id_bytes >= 8, "BEAR_SNAPSHOT_MAX_ID_BYTES must be >= 8")
+        _require(4 <= self.ring_steps <= MAX_RING_STEPS, f"BEAR_SNAPSHOT_RING_STEPS must be in [4, {MAX_RING_STEPS}]")
+        _require(8 <= self.max_id_bytes <= MAX_ID_BYTES, f"BEAR_SNAPSHOT_MAX_ID_BYTES must be in [8, {MAX_ID_BYTES}]")
 
     @staticmethod
     def from_environ(environ: Mapping[str, str] = os.environ) -> PluginConfig:
         defaults = PluginConfig()
         return PluginConfig(
-            region=environ.get("BEAR_SNAPSHOT_REGION") or defaults.region,
+            region=_text(environ, "BEAR_SNAPSHOT_REGION") or defaults.region,
             max_waiting_rows=_int(environ, "BEAR_SNAPSHOT_MAX_WAITING", defaults.max_waiting_rows),
             ring_steps=_int(environ, "BEAR_SNAPSHOT_RING_STEPS", defaults.ring_steps),
             max_id_bytes=_int(environ, "BEAR_SNAPSHOT_MAX_ID_BYTES", defaults.max_id_bytes),
@@ -99,11 +103,15 @@ class SnapshotterConfig:
                  f"BEAR_SNAPSHOTTER_POLL_INTERVAL_MS (--poll-interval-ms) must be > 0 and at most "
                  f"{MAX_POLL_INTERVAL_MS:g}, got {poll_interval_ms:g}")
         _require(0 <= self.grpc_port < 65536, "BEAR_SNAPSHOTTER_GRPC_PORT must be a port number")
+        _require(not self.advertised_endpoint
+                 or grpc_target_problem("BEAR_SNAPSHOTTER_ENDPOINT", self.advertised_endpoint) is None,
+                 grpc_target_problem("BEAR_SNAPSHOTTER_ENDPOINT", self.advertised_endpoint) or "")
         _require(self.metrics_port is None or 0 <= self.metrics_port < 65536,
                  "BEAR_SNAPSHOTTER_METRICS_PORT must be a port number or off")
         _require(1 <= self.snapshot_ttl_s <= MAX_SNAPSHOT_TTL_S,
                  f"BEAR_SNAPSHOT_TTL_S must be in [1, {MAX_SNAPSHOT_TTL_S:g}] (seconds), got {self.snapshot_ttl_s:g}")
-        _require(0 < self.refresh_s < self.snapshot_ttl_s, "BEAR_SNAPSHOT_REFRESH_S must be > 0 and below the TTL")
+        _require(MIN_REFRESH_S <= self.refresh_s < self.snapshot_ttl_s,
+                 f"BEAR_SNAPSHOT_REFRESH_S must be at least {MIN_REFRESH_S:g} and below the TTL, got {self.refresh_s:g}")
         _require(2 <= self.engine_timeout_s < math.inf,
                  "BEAR_SNAPSHOTTER_ENGINE_TIMEOUT_S must be a finite number >= 2 (the engine beats every second)")
         _require(self.calibration_window >= 8, "BEAR_CALIBRATION_WINDOW must be >= 8")
@@ -124,12 +132,12 @@ class SnapshotterConfig:
     def from_environ(environ: Mapping[str, str] = os.environ) -> SnapshotterConfig:
         defaults = SnapshotterConfig(instance_id="-")
         return SnapshotterConfig(
-            region=environ.get("BEAR_SNAPSHOT_REGION") or defaults.region,
-            instance_id=environ.get("BEAR_INSTANCE_ID") or socket.gethostname(),
-            pool=environ.get("BEAR_POOL") or defaults.pool,
-            model=environ.get("BEAR_MODEL", ""),
-            endpoint=environ.get("BEAR_INSTANCE_ENDPOINT", ""),
-            engine_health_url=environ.get("BEAR_ENGINE_HEALTH_URL", "").strip(),
+            region=_text(environ, "BEAR_SNAPSHOT_REGION") or defaults.region,
+            instance_id=_text(environ, "BEAR_INSTANCE_ID") or socket.gethostname(),
+            pool=_text(environ, "BEAR_POOL") or defaults.pool,
+            model=_text(environ, "BEAR_MODEL"),
+            endpoint=_text(environ, "BEAR_INSTANCE_ENDPOINT"),
+            engine_health_url=_text(environ, "BEAR_ENGINE_HEALTH_URL"),
             engine_health_timeout_s=_float(environ, "BEAR_ENGINE_HEALTH_TIMEOUT_S", defaults.engine_health_timeout_s),
             input_usd_per_million_tokens=_float(environ, "BEAR_INPUT_USD_PER_MTOK", 0.0),
             output_usd_per_million_tokens=_float(environ, "BEAR_OUTPUT_USD_PER_MTOK", 0.0),
@@ -137,7 +145,7 @@ class SnapshotterConfig:
             grpc_host=environ.get("BEAR_SNAPSHOTTER_GRPC_HOST") or defaults.grpc_host,
             grpc_port=_int(environ, "BEAR_SNAPSHOTTER_GRPC_PORT", defaults.grpc_port),
             metrics_port=_optional_port(environ, "BEAR_SNAPSHOTTER_METRICS_PORT", defaults.metrics_port),
-            advertised_endpoint=environ.get("BEAR_SNAPSHOTTER_ENDPOINT", ""),
+            advertised_endpoint=_text(environ, "BEAR_SNAPSHOTTER_ENDPOINT"),
             snapshot_ttl_s=_float(environ, "BEAR_SNAPSHOT_TTL_S", defaults.snapshot_ttl_s),
             refresh_s=_float(environ, "BEAR_SNAPSHOT_REFRESH_S", defaults.refresh_s),
             engine_timeout_s=_float(environ, "BEAR_SNAPSHOTTER_ENGINE_TIMEOUT_S", defaults.engine_timeout_s),
@@ -146,6 +154,11 @@ class SnapshotterConfig:
             calibration_refit_s=_float(environ, "BEAR_CALIBRATION_REFIT_S", defaults.calibration_refit_s),
             redis=RedisConfig.from_environ(environ),
         )
+
+
+def _text(environ: Mapping[str, str], name: str) -> str:
+    """A text setting; blank counts as unset (""), as for every other service."""
+    return environ.get(name, "").strip()
 
 
 def _int(environ: Mapping[str, str], name: str, default: int) -> int:

@@ -3,32 +3,34 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import os
 import sys
+from collections.abc import Mapping
 
 from bear.common.config_sources import given_value
 from bear.snapshotter.config import SnapshotterConfig
 
-_FLAGS = {  # flag → (config field, type, help); a text flag given empty is refused (config_sources.given_value)
-    "--region": ("region", given_value, "snapshot region name in /dev/shm, or a path (BEAR_SNAPSHOT_REGION)"),
-    "--instance-id": ("instance_id", given_value, "this instance's id (BEAR_INSTANCE_ID; default: host name)"),
-    "--pool": ("pool", given_value, "pool the instance belongs to (BEAR_POOL)"),
-    "--model": ("model", given_value, "model name (BEAR_MODEL; default: the engine's served model name)"),
-    "--endpoint": ("endpoint", given_value, "the vLLM server's URL (BEAR_INSTANCE_ENDPOINT)"),
-    "--engine-health-url": ("engine_health_url", given_value, "the vLLM server's /health as this sidecar reaches it: "
-                            "register once it answers, withdraw when it stops (BEAR_ENGINE_HEALTH_URL)"),
-    "--grpc-port": ("grpc_port", int, "gRPC port, 0 for any free one (BEAR_SNAPSHOTTER_GRPC_PORT)"),
-    "--redis-url": (None, given_value, "Redis URL (BEAR_REDIS_URL; default: an embedded Redis)"),
+_FLAGS = {  # flag → (environment variable, type, help); a text flag given empty is refused (given_value)
+    "--region": ("BEAR_SNAPSHOT_REGION", given_value, "snapshot region name in /dev/shm, or a path "
+                 "(BEAR_SNAPSHOT_REGION)"),
+    "--instance-id": ("BEAR_INSTANCE_ID", given_value, "this instance's id (BEAR_INSTANCE_ID; default: host name)"),
+    "--pool": ("BEAR_POOL", given_value, "pool the instance belongs to (BEAR_POOL)"),
+    "--model": ("BEAR_MODEL", given_value, "model name (BEAR_MODEL; default: the engine's served model name)"),
+    "--endpoint": ("BEAR_INSTANCE_ENDPOINT", given_value, "the vLLM server's URL (BEAR_INSTANCE_ENDPOINT)"),
+    "--engine-health-url": ("BEAR_ENGINE_HEALTH_URL", given_value, "the vLLM server's /health as this sidecar "
+                            "reaches it: register once it answers, withdraw when it stops (BEAR_ENGINE_HEALTH_URL)"),
+    "--grpc-port": ("BEAR_SNAPSHOTTER_GRPC_PORT", int, "gRPC port, 0 for any free one (BEAR_SNAPSHOTTER_GRPC_PORT)"),
+    "--redis-url": ("BEAR_REDIS_URL", given_value, "Redis URL (BEAR_REDIS_URL; default: an embedded Redis)"),
+    "--poll-interval-ms": ("BEAR_SNAPSHOTTER_POLL_INTERVAL_MS", float, "how often the region is read "
+                           "(BEAR_SNAPSHOTTER_POLL_INTERVAL_MS, default 5)"),
+    "--metrics-port": ("BEAR_SNAPSHOTTER_METRICS_PORT", given_value, "Prometheus /metrics port, 0 for any free one, "
+                       "off for none (BEAR_SNAPSHOTTER_METRICS_PORT, default 9465)"),
 }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, (_, kind, text) in _FLAGS.items():
         parser.add_argument(flag, type=kind, help=text)
-    parser.add_argument("--poll-interval-ms", type=float, help="how often the region is read "
-                        "(BEAR_SNAPSHOTTER_POLL_INTERVAL_MS, default 5)")
-    parser.add_argument("--metrics-port", type=given_value, help="Prometheus /metrics port, 0 for any free one, off "
-                        "for none (BEAR_SNAPSHOTTER_METRICS_PORT, default 9465)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,21 +51,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def config_from(args: argparse.Namespace) -> SnapshotterConfig:
-    config = SnapshotterConfig.from_environ()
-    overrides = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _, _) in _FLAGS.items() if field}
-    if args.poll_interval_ms is not None:
-        overrides["poll_interval_s"] = args.poll_interval_ms / 1000
-    if args.metrics_port is not None:
-        text = args.metrics_port.strip().lower()
-        if text in ("off", "none", "false"):
-            config = dataclasses.replace(config, metrics_port=None)
-        else:
-            try:
-                overrides["metrics_port"] = int(text)
-            except ValueError:
-                raise ValueError(f"--metrics-port must be a port number or off, got {args.metrics_port!r}") from None
-    config = dataclasses.replace(config, **{k: v for k, v in overrides.items() if v is not None})
-    if args.redis_url is not None:
-        config = dataclasses.replace(config, redis=dataclasses.replace(config.redis, url=args.redis_url))
-    return config
+def config_from(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> SnapshotterConfig:
+    """The environment's settings with the flags given in their place (a flag overrides its variable before anything
+    is parsed: a good flag is not refused for a bad variable it replaces)."""
+    merged = dict(os.environ if environ is None else environ)
+    for flag, (name, _, _) in _FLAGS.items():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            merged[name] = str(value)
+    return SnapshotterConfig.from_environ(merged)

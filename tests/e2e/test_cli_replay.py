@@ -54,6 +54,9 @@ def test_an_infeasible_query_is_reported_not_failed(tmp_path: Path) -> None:
         (json.dumps(_with("waiting.0.remaining_output_tokens", -3)), "waiting[0].remaining_output_tokens"),
         (json.dumps(_with("query.surprise", 1)), "query.surprise: unknown key"),
         ("{not json", "not valid JSON"),
+        (json.dumps(EXAMPLE).replace('"free_blocks": ', '"free_blocks": 5, "free_blocks": ', 1),
+         "the key 'free_blocks' is given twice"),  # json keeps the last one silently
+        (json.dumps(_with("engine.block_size", 2**30)), "engine.block_size must be at most 65536"),
     ],
 )
 def test_bad_input_exits_2_naming_the_field(tmp_path: Path, content: str, message: str) -> None:

@@ -113,6 +113,42 @@ def test_a_value_beyond_a_double_or_nested_is_refused_in_a_short_message(path: s
     assert len(str(raised.value)) < 120
 
 
+@pytest.mark.parametrize("engine", ["native", "reference"])
+def test_states_vllm_never_has_are_refused_by_both_engines(engine: str) -> None:
+    """(QA: a block_size of 2**28 took the compiled core 6 GB, 2**30 a bad_alloc traceback; 5 running requests under
+    max_num_seqs 2 were replayed as if allowed.)"""
+    from bear.core.replay import ReplayEngine
+    from bear.core.state import InvalidState
+
+    huge_blocks = parse_case(_with("engine.block_size", 2**20))
+    with pytest.raises(InvalidState, match="engine.block_size must be at most 65536"):
+        replay(huge_blocks.state, huge_blocks.query, huge_blocks.coefficients, engine=ReplayEngine(engine))
+    crowded = _with("engine.max_num_seqs", 1)
+    crowded["running"].append(dict(crowded["running"][0], id="a2"))
+    case = parse_case(crowded)
+    with pytest.raises(InvalidState, match=r"2 running requests, more than engine.max_num_seqs \(1\)"):
+        replay(case.state, case.query, case.coefficients, engine=ReplayEngine(engine))
+
+
+def test_the_native_core_refuses_them_too() -> None:
+    """bear.core.state.check_state is checked first on every path; the compiled core checks the same itself."""
+    import dataclasses
+
+    from bear.core import _native
+    from bear.core.replay import _table
+
+    crowded = _with("engine.max_num_seqs", 1)
+    crowded["running"].append(dict(crowded["running"][0], id="a2"))
+    for case, message in ((parse_case(_with("engine.block_size", 2**20)), "block_size must be at most 65536"),
+                          (parse_case(crowded), "more running requests than engine.max_num_seqs")):
+        engine = _native.EngineConfig()
+        for field in dataclasses.fields(case.state.engine):
+            setattr(engine, field.name, getattr(case.state.engine, field.name))
+        with pytest.raises(ValueError, match=message):
+            _native.PreparedState(engine, case.state.free_blocks, _table(case.state.running),
+                                  _table(case.state.waiting))
+
+
 def test_not_an_object() -> None:
     with pytest.raises(CaseError, match="case: must be a JSON object"):
         parse_case([1, 2])

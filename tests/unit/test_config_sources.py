@@ -33,10 +33,28 @@ def test_file_then_environment_then_flags(tmp_path: Path) -> None:
     ("b: 1\n", "unknown setting 'b' .known: a_s, flag, port."),
     ("a_s: [\n", "config file .*settings.yaml"),
     ("port: 80\nflag: true\nport: 81\n", "(?s)config file .*settings.yaml: .*the key 'port' appears a second time"),
+    ("port: 0\nPORT: 81\n", "'PORT': settings are written in lower case \\('port'\\)"),  # past the duplicate check
 ])
 def test_a_bad_file_is_named(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(ConfigFileError, match=message):
         layered_environ({}, write(tmp_path, text), {}, KNOWN)
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("a_s: 0123\n", "0123"), ("a_s: 12:30\n", "12:30"), ("flag: yes\n", "yes"), ("flag: on\n", "on"),
+    ("a_s: 1.50\n", "1.50"), ("flag: True\n", "True"), ("a_s: '0123'\n", "0123"), ("a_s: !!int 0x10\n", "16"),
+])
+def test_a_files_value_is_the_text_written_as_in_the_environment(tmp_path: Path, text: str, value: str) -> None:
+    """(QA: YAML 1.1 read `0123` as 83, `12:30` as 750, `yes` as true, so that a password or a port in the file meant
+    something else than the same text in an environment variable.)"""
+    merged = layered_environ({}, write(tmp_path, text), {}, KNOWN)
+    assert list(merged.values()) == [value]
+
+
+def test_null_and_merge_keys_keep_their_meaning(tmp_path: Path) -> None:
+    assert layered_environ({}, write(tmp_path, "a_s: ~\nflag:\nport: null\n"), {}, KNOWN) == {}
+    merged = layered_environ({}, write(tmp_path, "<<: {port: 080, a_s: 1}\na_s: 2\n"), {}, KNOWN)
+    assert merged == {"BEAR_PORT": "080", "BEAR_A_S": "2"}
 
 
 def test_a_file_that_is_not_utf8_text_is_named(tmp_path: Path) -> None:
@@ -86,16 +104,18 @@ def test_a_bad_switch_is_named() -> None:
 
 
 @pytest.mark.parametrize("value", ["", "   "])
-def test_a_flag_given_empty_is_refused_by_name(value: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """`--grpc-port "$PORT"` with PORT unset must not quietly override the environment and the file with the default."""
+@pytest.mark.parametrize("flag", ["--grpc-port", "--config"])
+def test_a_flag_given_empty_is_refused_by_name(value: str, flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--grpc-port "$PORT"` with PORT unset must not quietly override the environment and the file with the default
+    (nor `--config "$FILE"` leave the file out)."""
     parser = argparse.ArgumentParser(prog="bear serve x")
     add_flags(parser, {"--grpc-port": ("BEAR_PORT", "gRPC port")})
     assert flag_values(parser.parse_args(["--grpc-port", "81"]), {"--grpc-port": ("BEAR_PORT", "")}) == {
         "BEAR_PORT": "81"}
     with pytest.raises(SystemExit) as exited:
-        parser.parse_args(["--grpc-port", value])
+        parser.parse_args([flag, value])
     assert exited.value.code == 2
-    assert "argument --grpc-port: empty value" in capsys.readouterr().err
+    assert f"argument {flag}: empty value" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flag", ["--redis-url", "--instance-id", "--pool", "--model", "--endpoint", "--region",

@@ -91,3 +91,49 @@ def test_the_redis_configuration_is_shared_and_typed() -> None:
                                        "BEAR_REDIS_TLS_CA_FILE": "/etc/ca.pem", "BEAR_REDIS_TIMEOUT_S": "0.5"})
     assert config.uses_tls and not config.embedded and config.timeout_s == 0.5
     assert "s3cret" not in config.describe() and config.describe() == "rediss://cache:6380 with TLS"
+
+
+def test_blank_text_settings_count_as_unset_as_for_every_other_service() -> None:
+    """(QA: BEAR_INSTANCE_ID="   " became the instance's id; BEAR_POOL, BEAR_MODEL, the region alike.)"""
+    blank = {name: "   " for name in ("BEAR_SNAPSHOT_REGION", "BEAR_INSTANCE_ID", "BEAR_POOL", "BEAR_MODEL",
+                                       "BEAR_INSTANCE_ENDPOINT", "BEAR_SNAPSHOTTER_ENDPOINT")}
+    sidecar = SnapshotterConfig.from_environ(blank)
+    assert (sidecar.region, sidecar.instance_id, sidecar.pool, sidecar.model, sidecar.endpoint,
+            sidecar.advertised_endpoint) == ("bear-snapshot", socket.gethostname(), "default", "", "", "")
+    assert PluginConfig.from_environ({"BEAR_SNAPSHOT_REGION": " "}).region == "bear-snapshot"
+    assert SnapshotterConfig.from_environ({"BEAR_POOL": " small "}).pool == "small"
+
+
+@pytest.mark.parametrize("address", ["http://10.0.0.7:50071", "10.0.0.7", "10.0.0.7:0"])
+def test_the_advertised_address_must_be_a_grpc_address(address: str) -> None:
+    with pytest.raises(ValueError, match="BEAR_SNAPSHOTTER_ENDPOINT"):
+        SnapshotterConfig.from_environ({"BEAR_SNAPSHOTTER_ENDPOINT": address})
+    assert SnapshotterConfig.from_environ({"BEAR_SNAPSHOTTER_ENDPOINT": "[fd00::7]:50071"}).advertised_endpoint
+
+
+def test_a_flag_replaces_a_bad_variable_before_it_is_read() -> None:
+    """(QA: BEAR_SNAPSHOTTER_GRPC_PORT=abc with --grpc-port 0 was refused for the variable.)"""
+    import argparse
+
+    from bear.snapshotter.serve import add_arguments, config_from
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    environ = {"BEAR_SNAPSHOTTER_GRPC_PORT": "abc", "BEAR_INSTANCE_ENDPOINT": "10.0.0.7:8000",
+               "BEAR_REDIS_URL": "http://nope", "BEAR_SNAPSHOTTER_METRICS_PORT": "x", "BEAR_INSTANCE_ID": "pod-1"}
+    config = config_from(parser.parse_args(["--grpc-port", "0", "--endpoint", "http://10.0.0.7:8000", "--redis-url",
+                                            "redis://r:6379/0", "--metrics-port", "off"]), environ)
+    assert (config.grpc_port, config.endpoint, config.redis.url, config.metrics_port) == (
+        0, "http://10.0.0.7:8000", "redis://r:6379/0", None)
+    with pytest.raises(ValueError, match="BEAR_SNAPSHOTTER_GRPC_PORT"):
+        config_from(parser.parse_args([]), environ)
+
+
+@pytest.mark.parametrize("environ, names", [
+    ({"BEAR_SNAPSHOT_RING_STEPS": "1000000"}, "BEAR_SNAPSHOT_RING_STEPS must be in"),
+    ({"BEAR_SNAPSHOT_MAX_ID_BYTES": "1048576"}, "BEAR_SNAPSHOT_MAX_ID_BYTES must be in"),
+])
+def test_plugin_settings_that_would_make_a_region_of_gigabytes_are_refused(environ: dict[str, str],
+                                                                           names: str) -> None:
+    with pytest.raises(ValueError, match=names):
+        PluginConfig.from_environ(environ)
