@@ -8,12 +8,14 @@ import sys
 import time
 from pathlib import Path
 
-from bear.cli.arguments import positive_int
+from bear.cli.arguments import int_in
+from bear.common.config_sources import given_value
 from bear.core.case import CaseError, parse_case, result_to_json
 from bear.core.replay import ReplayEngine, estimate, prepare, replay
 from bear.core.state import InvalidState
 
 EXIT_BAD_INPUT = 2
+MAX_REPEAT = 10_000_000  # --repeat at most: about a minute of estimates
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -23,12 +25,17 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         description="Replays vLLM's batch formation from the case's state until the query's first token and prints "
         "the batches, the first-token batch and the TTFT as JSON. Bad input exits 2.",
     )
-    parser.add_argument("case", type=Path, help="case file (JSON, see docs/replay-case.md)")
-    parser.add_argument("--repeat", type=positive_int, metavar="N",
-                        help="also print mean_estimate_us: mean wall time of one production-path estimate over N runs")
+    parser.add_argument("case", type=_case_path, help="case file (JSON, see docs/replay-case.md)")
+    parser.add_argument("--repeat", type=int_in(1, MAX_REPEAT), metavar="N",
+                        help=f"also print mean_estimate_us: mean wall time of one production-path estimate over N "
+                        f"runs (at most {MAX_REPEAT})")
     parser.add_argument("--engine", choices=[e.value for e in ReplayEngine], default=ReplayEngine.NATIVE.value,
                         help="replay engine for the printed result (default: native)")
     parser.set_defaults(handler=run)
+
+
+def _case_path(text: str) -> Path:
+    return Path(given_value(text))  # "" (an unset shell variable) would read the current folder
 
 
 def run(args: argparse.Namespace) -> int:

@@ -148,6 +148,9 @@ class PredictorArtifact:
 
 
 def _verified_files(folder: Path) -> dict[str, str]:
+    if not folder.is_dir():
+        raise ArtifactError(f"{folder}: no such folder (a predictor artifact is a folder written by "
+                            f"`bear predictor train`)")
     if not (folder / MANIFEST).is_file():
         raise ArtifactError(f"{folder}: not a predictor artifact ({MANIFEST} is missing)")
     try:

@@ -132,6 +132,7 @@ def _bad(tmp_path: Path, name: str, text: str) -> str:
     (lambda w, t: ["predict", "--model-dir", str(w / "model"), "--prompt", "hi", "--models", " , "],
      "models: no model name in ' , '"),
     (lambda w, t: ["predict", "--model-dir", str(t), "--prompt", "hi"], "not a predictor artifact"),
+    (lambda w, t: ["predict", "--model-dir", str(t / "absent"), "--prompt", "hi"], "absent: no such folder"),
     (lambda w, t: ["predict", "--model-dir", str(w / "model"), "--prompt", "hi", "--generated-tokens", "9",
                    "--max-tokens", "9"], "max-tokens: must exceed --generated-tokens"),
     (lambda w, t: ["evaluate", "--model-dir", str(w / "model"), "--evals",
