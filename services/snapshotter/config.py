@@ -25,8 +25,8 @@ MAX_RING_STEPS = 65_536  # BEAR_SNAPSHOT_RING_STEPS at most (a million steps mad
 MAX_ID_BYTES = 4096  # BEAR_SNAPSHOT_MAX_ID_BYTES at most (every row and step entry reserves this much)
 MAX_POLL_INTERVAL_MS = 60_000.0  # BEAR_SNAPSHOTTER_POLL_INTERVAL_MS at most (a region read at least once a minute)
 MAX_ENGINE_HEALTH_TIMEOUT_S = 60.0  # BEAR_ENGINE_HEALTH_TIMEOUT_S at most
-MAX_SNAPSHOT_TTL_S = 86_400.0
-MIN_REFRESH_S = 0.01  # BEAR_SNAPSHOT_REFRESH_S at least: an idle engine's snapshot republished 100 times a second  # BEAR_SNAPSHOT_TTL_S at most: a stopped instance's keys are gone within a day
+MAX_SNAPSHOT_TTL_S = 86_400.0  # BEAR_SNAPSHOT_TTL_S at most: a stopped instance's keys are gone within a day
+MIN_REFRESH_S = 0.01  # BEAR_SNAPSHOT_REFRESH_S at least: an idle engine's snapshot republished 100 times a second
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +103,9 @@ class SnapshotterConfig:
                  f"BEAR_SNAPSHOTTER_POLL_INTERVAL_MS (--poll-interval-ms) must be > 0 and at most "
                  f"{MAX_POLL_INTERVAL_MS:g}, got {poll_interval_ms:g}")
         _require(0 <= self.grpc_port < 65536, "BEAR_SNAPSHOTTER_GRPC_PORT must be a port number")
-        _require(not self.advertised_endpoint
-                 or grpc_target_problem("BEAR_SNAPSHOTTER_ENDPOINT", self.advertised_endpoint) is None,
-                 grpc_target_problem("BEAR_SNAPSHOTTER_ENDPOINT", self.advertised_endpoint) or "")
+        problem = grpc_target_problem("BEAR_SNAPSHOTTER_ENDPOINT", self.advertised_endpoint) \
+            if self.advertised_endpoint else None
+        _require(problem is None, problem or "")
         _require(self.metrics_port is None or 0 <= self.metrics_port < 65536,
                  "BEAR_SNAPSHOTTER_METRICS_PORT must be a port number or off")
         _require(1 <= self.snapshot_ttl_s <= MAX_SNAPSHOT_TTL_S,
