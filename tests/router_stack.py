@@ -98,6 +98,7 @@ class RouterStack:
 @dataclass
 class LoadResult:
     decisions: list[router_pb2.RouteDecision] = field(default_factory=list)
+    sent_at_s: list[float] = field(default_factory=list)  # each decision's call, when it started (perf_counter)
     errors: list[RouterError] = field(default_factory=list)
     latencies_ms: list[float] = field(default_factory=list)
 
@@ -126,7 +127,9 @@ class Load:
     async def _one(self, client: AsyncRouterClient, prompt: str) -> None:
         started = time.perf_counter()
         try:
-            self.result.decisions.append(await client.route(prompt, ttft_slo_ms=500.0))
+            decision = await client.route(prompt, ttft_slo_ms=500.0)
+            self.result.decisions.append(decision)
+            self.result.sent_at_s.append(started)
         except RouterError as error:
             self.result.errors.append(error)
         self.result.latencies_ms.append((time.perf_counter() - started) * 1000)

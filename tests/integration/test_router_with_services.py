@@ -68,7 +68,9 @@ class Service:
 
 
 class Snapshotters:
-    """Publishes every instance's snapshot as its snapshotter would: fresh (read_at_s now) every 100 ms."""
+    """Publishes every instance's snapshot as its snapshotter would, every 100 ms: a busy one taken now (a busy engine
+    is snapshotted every step; an old `taken_at_s` would be replayed forward by its age, draining its queue), an idle
+    one found current now (`read_at_s`)."""
 
     def __init__(self, client: redis.Redis) -> None:
         from tests.estimator_builders import decoding, queued, snapshot
@@ -94,7 +96,10 @@ class Snapshotters:
         for instance_id, message in self.snapshots.items():
             if instance_id in self._stale:
                 continue
-            message.read_at_s = now
+            if message.running or message.waiting:  # a busy engine's state is new every step: taken now
+                message.taken_at_s = now
+                message.sequence_number += 1
+            message.read_at_s = now  # an idle engine's is the same, found current now
             payload = message.SerializeToString()
             self._client.set(redis_keys.snapshot_key(instance_id), payload, px=60_000)
             self._client.publish(redis_keys.SNAPSHOTS_CHANNEL, payload)
@@ -198,14 +203,17 @@ def test_a_stale_snapshot_is_estimated_otherwise_and_routing_goes_on(deployment:
 
 
 def test_estimator_then_predictor_killed_under_load(deployment: Deployment) -> None:
-    load = Load(f"127.0.0.1:{deployment.router.port}", count=240, rate_rps=80.0)
+    load = Load(f"127.0.0.1:{deployment.router.port}", count=480, rate_rps=80.0)
     load.wait_until_sent(60)
     deployment.estimator.stop()
-    load.wait_until_sent(140)
-    deployment.predictor.stop()
+    load.wait_until_sent(load.sent + 40)
+    deployment.predictor.stop()  # SIGTERM, then waits for the exit
+    both_gone_s = time.perf_counter()
     result = load.join()
-    assert result.errors == [] and len(result.decisions) == 240
-    late = result.decisions[-40:]
+    assert result.errors == [] and len(result.decisions) == 480
+    # The calls sent once both had exited (how many depends on how long their graceful exits took).
+    late = [d for d, sent_at_s in zip(result.decisions, result.sent_at_s, strict=True) if sent_at_s > both_gone_s]
+    assert len(late) >= 40, f"{len(late)} calls after both services had stopped"
     assert all(d.degraded and d.policy == "shortest-queue" for d in late)
     # Queue lengths from the snapshots in Redis: medium-0 is idle.
     assert {d.instance_id for d in late} == {"medium-0"}
