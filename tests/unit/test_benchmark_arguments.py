@@ -31,6 +31,7 @@ BAD = [
     *[("vllm_route_accuracy", ["--warmup", value], "--warmup") for value in ("0", "-3")],
     *[("vllm_route_accuracy", ["--queries", value], "--queries") for value in ("0", "-1")],
     *[("vllm_route_accuracy", ["--rate", value], "--rate") for value in ("0", "-2", "nan", "inf")],
+    *[("vllm_route_accuracy", ["--load", value], "--load") for value in ("0", "-1", "nan", "inf")],
     ("vllm_route_accuracy", ["--seed", "-1"], "--seed"),
     ("vllm_route_accuracy", ["--keep", "{file}"], "--keep"),
     ("vllm_route_accuracy", ["--keep", "{file}/logs"], "--keep"),
