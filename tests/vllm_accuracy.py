@@ -288,16 +288,17 @@ def run_queries(stack: Stack, planned: Sequence[PlannedQuery], settings: Accurac
     and measures them; engine timings from the step log."""
     results = [QueryMeasurement(q.request_id, q.prompt_tokens, q.max_tokens) for q in planned]
     with RouterClient(stack.router_address, timeout_s=10.0) as router:
-        if one_at_a_time:
+        if one_at_a_time:  # each sent at once: its start is "now" less its planned send time
             for query, result in zip(planned, results, strict=True):
                 _one(router, stack.server, query, result, settings, time.monotonic() - query.send_at_s)
-        started = time.monotonic() + 0.2
-        threads = [threading.Thread(target=_one, args=(router, stack.server, q, r, settings, started), daemon=True)
-                   for q, r in zip(planned, results, strict=True) if not one_at_a_time]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(600)
+        else:
+            started = time.monotonic() + 0.2
+            threads = [threading.Thread(target=_one, args=(router, stack.server, q, r, settings, started),
+                                        daemon=True) for q, r in zip(planned, results, strict=True)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(600)
     wait_until(lambda: _idle(stack), 60, "the engine to go idle")
     time.sleep(3 * stack.step_log._interval_s)
     first_tokens = stack.step_log.first_tokens()
