@@ -36,6 +36,12 @@ class BatchTimeCoefficients:
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"batch time coefficient {name} must be a finite number >= 0, got {value!r}")
 
+    def scaled(self, factor: float) -> BatchTimeCoefficients:
+        """Every batch time multiplied by `factor` (a finite number > 0): an engine running that much slower."""
+        if not (math.isfinite(factor) and factor > 0):
+            raise ValueError(f"a batch time factor must be a finite number > 0, got {factor!r}")
+        return BatchTimeCoefficients(self.b0 * factor, self.b1 * factor, self.b2 * factor, self.b3 * factor)
+
     def time_s(self, features: BatchFeatures, num_batches: int = 1) -> float:
         """Time of `num_batches` batches whose features sum to `features` (the one evaluation order)."""
         return (

@@ -10,8 +10,9 @@ Four loops share the loop with the Estimate calls, which only ever read the esti
 - **adoption**: the offered snapshots are adopted together. First, in one round trip, the dispatch records
   (`bear:dispatch:<request id>`) of residents the estimator has none for, found through the engine's request ids
   (`request_key`); then their remaining lengths (`RemainingLengths.resolve`, one call per model); then each snapshot
-  is prepared for the replay, its eq. 12 coefficients (`batch_time`) and θ become the instance's calibration, and the
-  instance's LPS measurements (`LpsTracker`) take it in. Redis or the predictor failing here costs precision
+  is prepared for the replay, its eq. 12 coefficients (`batch_time`, scaled by the engine's recent speed against
+  them, `step_time_ratio`, when known) and θ become the instance's calibration, and the instance's LPS measurements
+  (`LpsTracker`) take it in. Redis or the predictor failing here costs precision
   (mean lengths, the stated fallback), never the snapshot.
 - **resync**, at start and every `resync_interval_s`: the instances refreshed in `bear:instances` within
   `instances_window_s`, their registrations (instance → model) and latest snapshots (which also covers what the
@@ -94,6 +95,7 @@ class _Tracked:
     lps: LpsTracker
     last_seen_s: float  # in Redis or on the channel
     batch_time: calibration_pb2.BatchTimeCoefficients | None = None
+    step_time_ratio: float = 0.0  # the latest snapshot's; 0: unknown
     prefill_tokens_per_s: float | None = None  # the latest positive θ
     missing_dispatches: dict[str, float] = field(default_factory=dict)  # request key → when it was not found
 
@@ -347,6 +349,7 @@ class SnapshotFeed:
         tracked.lps.observe_snapshot(snapshot)
         if snapshot.HasField("batch_time") and coefficients_from_message(snapshot.batch_time) is not None:
             tracked.batch_time = snapshot.batch_time
+            tracked.step_time_ratio = snapshot.step_time_ratio
             if snapshot.batch_time.prefill_tokens_per_s > 0:
                 tracked.prefill_tokens_per_s = snapshot.batch_time.prefill_tokens_per_s
         self._refresh_calibration(instance_id, now)
@@ -356,6 +359,8 @@ class SnapshotFeed:
         coefficients = None if tracked.batch_time is None else coefficients_from_message(tracked.batch_time)
         if coefficients is None:
             return
+        if math.isfinite(tracked.step_time_ratio) and tracked.step_time_ratio > 0:
+            coefficients = coefficients.scaled(tracked.step_time_ratio)
         lps = tracked.lps.parameters(tracked.prefill_tokens_per_s, now)
         self._estimator.set_calibration(instance_id, Calibration(coefficients, tracked.prefill_tokens_per_s, lps))
 

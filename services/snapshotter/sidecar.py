@@ -99,9 +99,10 @@ class Snapshotter:
         self._calibrate(region, now)
         if region.valid:
             self._register_if_new_engine(region)
-            batch_time = self._calibrator.latest
             self._set_latest(snapshot_to_proto(region, instance_id=self._config.instance_id, pool=self._config.pool,
-                                               model=self._config.model, read_at_s=now, batch_time=batch_time))
+                                               model=self._config.model, read_at_s=now,
+                                               batch_time=self._calibrator.latest,
+                                               step_time_ratio=self._calibrator.recent_time_ratio()))
             self._offer(now)
         return True
 

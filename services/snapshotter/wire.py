@@ -49,7 +49,8 @@ def step_to_proto(step: StepRecord) -> calibration_pb2.BatchRecord:
 
 
 def snapshot_to_proto(snapshot: RegionSnapshot, *, instance_id: str, pool: str, model: str, read_at_s: float,
-                      batch_time: calibration_pb2.BatchTimeCoefficients | None) -> snapshot_pb2.InstanceSnapshot:
+                      batch_time: calibration_pb2.BatchTimeCoefficients | None,
+                      step_time_ratio: float = 0.0) -> snapshot_pb2.InstanceSnapshot:
     """The published snapshot. `model` falls back to the engine's served model name."""
     message = snapshot_pb2.InstanceSnapshot(
         instance_id=instance_id,
@@ -69,4 +70,5 @@ def snapshot_to_proto(snapshot: RegionSnapshot, *, instance_id: str, pool: str, 
         message.step_in_progress.CopyFrom(step_to_proto(snapshot.in_flight[0]))
     if batch_time is not None:
         message.batch_time.CopyFrom(batch_time)
+        message.step_time_ratio = step_time_ratio
     return message

@@ -173,6 +173,8 @@ def test_snapshots_reach_redis_every_step_and_agree_with_the_engine(vllm_server:
             MAX_NUM_SEQS, MAX_MODEL_LEN, BUDGET, False)
         assert len(snapshot.running) <= MAX_NUM_SEQS and snapshot.num_omitted_waiting == 0
         assert snapshot.read_at_s >= snapshot.taken_at_s > 0
+        # With a fit comes the engine's recent speed against it (the median of 8 steps' measured ÷ predicted).
+        assert (0.2 < snapshot.step_time_ratio < 5) if snapshot.HasField("batch_time") else not snapshot.step_time_ratio
         if snapshot.HasField("step_in_progress"):
             step = snapshot.step_in_progress
             assert step.step_index == snapshot.next_step_index  # sync: the state precedes the executing step

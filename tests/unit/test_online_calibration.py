@@ -122,3 +122,24 @@ def test_a_window_without_prefill_has_no_prefill_throughput() -> None:
     calibrator.add(records)
     fitted = calibrator.refit_if_due(0.0)
     assert fitted is not None and fitted.prefill_tokens_per_s == 0.0
+
+
+def test_the_recent_ratio_follows_a_slowdown_the_fit_has_not_seen_yet() -> None:
+    rng = random.Random(7)
+    calibrator = OnlineCalibrator(window=2000, min_samples=50, refit_interval_s=1e9, recent_steps=8)
+    assert calibrator.recent_time_ratio() == 0  # no fit yet
+    calibrator.add(step(rng, noise=0.0) for _ in range(400))
+    assert calibrator.refit_if_due(now_s=0.0) is not None
+    assert calibrator.recent_time_ratio() == pytest.approx(1.0, rel=1e-6)
+    calibrator.add(step(rng, noise=0.0, stall=1.3) for _ in range(8))  # the host got busy; no refit (interval)
+    assert calibrator.refit_if_due(now_s=1.0) is None
+    assert calibrator.recent_time_ratio() == pytest.approx(1.3, rel=1e-6)
+    calibrator.add([step(rng, noise=0.0, stall=10.0)] + [step(rng, noise=0.0) for _ in range(7)])
+    assert calibrator.recent_time_ratio() == pytest.approx(1.0, rel=1e-6)  # one stall among 8 is outvoted: median
+
+
+def test_no_recent_ratio_when_turned_off() -> None:
+    rng = random.Random(8)
+    calibrator = OnlineCalibrator(window=500, min_samples=50, refit_interval_s=0)
+    calibrator.add(step(rng) for _ in range(100))
+    assert calibrator.refit_if_due(now_s=0.0) is not None and calibrator.recent_time_ratio() == 0

@@ -25,14 +25,15 @@ def test_every_setting_is_read() -> None:
         "BEAR_OUTPUT_USD_PER_MTOK": "1.6", "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS": "2.5",
         "BEAR_SNAPSHOTTER_GRPC_HOST": "127.0.0.1", "BEAR_SNAPSHOTTER_GRPC_PORT": "0",
         "BEAR_SNAPSHOTTER_ENDPOINT": "10.0.0.7:50071", "BEAR_SNAPSHOT_TTL_S": "3", "BEAR_CALIBRATION_WINDOW": "500",
-        "BEAR_CALIBRATION_MIN_SAMPLES": "40", "BEAR_CALIBRATION_REFIT_S": "1", "BEAR_REDIS_URL": "redis://r:6379/1"})
+        "BEAR_CALIBRATION_MIN_SAMPLES": "40", "BEAR_CALIBRATION_REFIT_S": "1", "BEAR_CALIBRATION_RECENT_STEPS": "16",
+        "BEAR_REDIS_URL": "redis://r:6379/1"})
     assert (sidecar.region, sidecar.instance_id, sidecar.pool, sidecar.model, sidecar.endpoint) == (
         "engine-7", "pod-7", "large", "qwen3-32b", "http://10.0.0.7:8000")
     assert (sidecar.input_usd_per_million_tokens, sidecar.output_usd_per_million_tokens) == (0.4, 1.6)
     assert (sidecar.poll_interval_s, sidecar.grpc_host, sidecar.grpc_port, sidecar.advertised_endpoint) == (
         0.0025, "127.0.0.1", 0, "10.0.0.7:50071")
     assert (sidecar.snapshot_ttl_s, sidecar.calibration_window, sidecar.calibration_min_samples,
-            sidecar.calibration_refit_s) == (3.0, 500, 40, 1.0)
+            sidecar.calibration_refit_s, sidecar.calibration_recent_steps) == (3.0, 500, 40, 1.0, 16)
     assert sidecar.redis.url == "redis://r:6379/1"
     plugin = PluginConfig.from_environ({"BEAR_SNAPSHOT_REGION": "/tmp/x", "BEAR_SNAPSHOT_MAX_WAITING": "0",
                                         "BEAR_SNAPSHOT_RING_STEPS": "16", "BEAR_SNAPSHOT_MAX_ID_BYTES": "64"})
@@ -45,6 +46,9 @@ def test_every_setting_is_read() -> None:
     ({"BEAR_SNAPSHOTTER_POLL_INTERVAL_MS": "0"}, "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS"),
     ({"BEAR_SNAPSHOT_TTL_S": "0.5"}, "BEAR_SNAPSHOT_TTL_S"),
     ({"BEAR_CALIBRATION_MIN_SAMPLES": "5000"}, "BEAR_CALIBRATION_MIN_SAMPLES"),
+    ({"BEAR_CALIBRATION_RECENT_STEPS": "-1"}, "BEAR_CALIBRATION_RECENT_STEPS"),
+    ({"BEAR_CALIBRATION_RECENT_STEPS": "5000"}, "BEAR_CALIBRATION_RECENT_STEPS"),
+    ({"BEAR_CALIBRATION_RECENT_STEPS": "eight"}, "BEAR_CALIBRATION_RECENT_STEPS"),
     ({"BEAR_INPUT_USD_PER_MTOK": "-1"}, "BEAR_INPUT_USD_PER_MTOK must be a finite number >= 0"),
     ({"BEAR_REDIS_URL": "http://r"}, "BEAR_REDIS_URL"),
     ({"BEAR_REDIS_TLS": "maybe"}, "BEAR_REDIS_TLS"),

@@ -90,6 +90,40 @@ def test_a_resync_finds_registered_instances_and_their_snapshots() -> None:
     run(test)
 
 
+
+@pytest.mark.parametrize("ratio", [0.8, 1.5, 2.0])
+def test_the_engine_speed_of_the_snapshot_scales_the_replay(ratio: float) -> None:
+    async def adopt(world: World, step_time_ratio: float) -> None:
+        """A new snapshot of the same state, 1 ms old, with this speed."""
+        world.clock.advance(1.0)
+        message = snapshot("a", world.clock() - 0.001, [decoding("r1")])
+        message.step_time_ratio = step_time_ratio
+        await world.publish(message)
+        await world.feed.resync_once()
+        await world.feed.adopt_pending()
+
+    async def test(world: World) -> None:
+        await adopt(world, 0.0)
+        plain = world.estimate("a", prompt=300)
+        calibration = world.estimator.calibration("a")
+        assert calibration is not None
+        fitted = calibration.coefficients
+        await adopt(world, ratio)
+        scaled = world.estimate("a", prompt=300)
+        calibration = world.estimator.calibration("a")
+        assert calibration is not None and calibration.coefficients == fitted.scaled(ratio)
+        assert plain.method is scaled.method is Method.REPLAY and scaled.num_batches == plain.num_batches
+        assert plain.ttft_s is not None and scaled.ttft_s is not None  # the replay runs from the snapshot:
+        from_snapshot = plain.ttft_s + plain.snapshot_age_s, scaled.ttft_s + scaled.snapshot_age_s
+        assert from_snapshot[1] == pytest.approx(ratio * from_snapshot[0], rel=1e-6)
+        for unknown in (0.0, -1.0, math.nan, math.inf):  # not a speed: the fit as it is
+            await adopt(world, unknown)
+            calibration = world.estimator.calibration("a")
+            assert calibration is not None and calibration.coefficients == fitted
+        assert world.feed.stats.snapshots_adopted == 6
+
+    run(test)
+
 def test_residents_take_their_length_from_the_dispatch_record_of_their_router_id() -> None:
     async def test(world: World) -> None:
         await record_dispatch(world.redis, dispatch_record("r1", "a", world.clock() - 5, predicted_output_tokens=300))
