@@ -65,9 +65,11 @@ class RouterStack:
             host="127.0.0.1", grpc_port=0, metrics_port=None, predictor_address=self.predictor_server.address,
             estimator_address=self.estimator_server.address, redis=RedisConfig(url=self.redis_server.url),
             tokenizer="pretokens", refresh_interval_s=0.2,
-            # 500 ms, not the default 100: a loaded CI machine can stall a test process that long, and these tests
-            # are about what fails, not about the deadline (those that are read it from stack.config).
-            predictor_timeout_s=0.5, estimator_timeout_s=0.5), **settings)
+            # 500 ms, not the defaults (100, Redis 50): a loaded CI machine can stall a test process that long, and
+            # these tests are about what fails, not about the deadline (those that are read it from stack.config).
+            # A Redis call past its deadline leaves Redis alone for 0.5 s: the estimator-killed test once had its
+            # fallback's snapshot queues lost that way and decided round-robin.
+            predictor_timeout_s=0.5, estimator_timeout_s=0.5, redis_timeout_s=0.5), **settings)
         self.running = self.loop.run(main.start(self.config, self.registry))
         self.address = f"127.0.0.1:{self.running.port}"
         self.client = RouterClient(self.address, timeout_s=5.0)
