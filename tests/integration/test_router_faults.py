@@ -5,6 +5,7 @@ decision that could not use a dependency says so (`degraded`, the stated fallbac
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,6 +46,19 @@ def degraded_by(decisions: list[router_pb2.RouteDecision], service: str) -> list
     return alone
 
 
+def failure_code(decision: router_pb2.RouteDecision, service: str) -> str | None:
+    """The status code `service` failed with in this decision, None if it answered."""
+    match = re.search(rf"{service} unavailable \((\w+)", decision.degraded_reason)
+    return match.group(1) if match else None
+
+
+def answered_again(decisions: list[router_pb2.RouteDecision], service: str) -> bool:
+    """Whether `service` answered a decision after the last one that found it gone: it came back. Missed deadlines
+    (a loaded machine stalls the fakes' process: both at once, seen in CI) neither prove nor disprove it."""
+    gone = [i for i, d in enumerate(decisions) if failure_code(d, service) not in (None, "DEADLINE_EXCEEDED")]
+    return any(failure_code(d, service) is None for d in decisions[(gone[-1] if gone else -1) + 1:])
+
+
 def redis_errors(stack: RouterStack) -> float:
     return sum(s.value for family in stack.registry.collect() for s in family.samples
                if s.name == "bear_router_dependency_errors_total" and s.labels.get("service") == "redis")
@@ -83,7 +97,7 @@ def test_estimator_killed_mid_load(stack: RouterStack) -> None:
         assert decision.degraded_reason.startswith("estimator unavailable (")
         assert "queue lengths from the latest snapshots in Redis" in decision.degraded_reason
         assert {c.ttft_known for c in decision.candidates} == {False}
-    assert "estimator unavailable" not in result.decisions[-1].degraded_reason  # it came back (back-off <= 1 s)
+    assert answered_again(result.decisions, "estimator")  # back-off <= 1 s
     assert stack.metric("bear_router_fallbacks_total", reason="estimator-unavailable",
                         policy="shortest-queue") == len(fallbacks)
 
@@ -105,7 +119,7 @@ def test_predictor_killed_mid_load(stack: RouterStack) -> None:
         assert "queue lengths from the estimator" in decision.degraded_reason
         assert {c.predicted_accuracy for c in decision.candidates} == {0.0}
         assert {c.ttft_known for c in decision.candidates} == {True}
-    assert "predictor unavailable" not in result.decisions[-1].degraded_reason  # it came back
+    assert answered_again(result.decisions, "predictor")
 
 
 def test_a_hanging_predictor_costs_one_deadline(stack: RouterStack) -> None:
