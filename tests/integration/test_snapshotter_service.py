@@ -238,6 +238,9 @@ def test_metrics_report_the_engine_the_snapshots_and_the_fit(sidecar: Sidecar, r
     assert 0 <= samples["bear_snapshotter_snapshot_age_seconds"] < 5  # read (or refreshed) just now
     assert "bear_snapshotter_engine_state_age_seconds" in samples  # (these states carry made-up times)
     assert 0 <= samples["bear_snapshotter_calibration_mape"] < 0.05
+    # The latest state was read with the fit or after it: it carries the steps' speed against it (they last what TRUE
+    # says, ± 2 %).
+    assert 0.95 < samples["bear_snapshotter_step_time_ratio"] < 1.05
     assert 'bear_snapshotter_residents{queue="running"}' in samples
 
 
