@@ -42,6 +42,12 @@ class BatchTimeCoefficients:
             raise ValueError(f"a batch time factor must be a finite number > 0, got {factor!r}")
         return BatchTimeCoefficients(self.b0 * factor, self.b1 * factor, self.b2 * factor, self.b3 * factor)
 
+    def at_speed(self, step_time_ratio: float) -> BatchTimeCoefficients:
+        """Scaled by a snapshot's `step_time_ratio` where it is known (a finite number > 0); else as they are."""
+        if math.isfinite(step_time_ratio) and step_time_ratio > 0:
+            return self.scaled(step_time_ratio)
+        return self
+
     def time_s(self, features: BatchFeatures, num_batches: int = 1) -> float:
         """Time of `num_batches` batches whose features sum to `features` (the one evaluation order)."""
         return (

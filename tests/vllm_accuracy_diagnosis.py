@@ -134,9 +134,7 @@ def _diagnose_one(query: QueryFacts, t: float, snapshot: snapshot_pb2.InstanceSn
                   by_id: Mapping[str, QueryFacts], dispatches: Mapping[str, router_pb2.DispatchRecord],
                   steps: Mapping[int, StepRecord], first_step: Mapping[str, int], first_token_step: Mapping[str, int],
                   arrival: Mapping[str, float]) -> Diagnosis:
-    coefficients = coefficients_from_proto(snapshot.batch_time)
-    if snapshot.step_time_ratio > 0:  # as the estimator scales them
-        coefficients = coefficients.scaled(snapshot.step_time_ratio)
+    coefficients = coefficients_from_proto(snapshot.batch_time).at_speed(snapshot.step_time_ratio)  # as the estimator
     residents = {router_request_id(r.request_id) for r in (*snapshot.running, *snapshot.waiting)}
     # True remaining lengths: outputs are exactly max_tokens.
     state = state_from_snapshot(snapshot, lambda r: max(1, r.max_tokens - r.num_output_tokens))

@@ -359,10 +359,9 @@ class SnapshotFeed:
         coefficients = None if tracked.batch_time is None else coefficients_from_message(tracked.batch_time)
         if coefficients is None:
             return
-        if math.isfinite(tracked.step_time_ratio) and tracked.step_time_ratio > 0:
-            coefficients = coefficients.scaled(tracked.step_time_ratio)
         lps = tracked.lps.parameters(tracked.prefill_tokens_per_s, now)
-        self._estimator.set_calibration(instance_id, Calibration(coefficients, tracked.prefill_tokens_per_s, lps))
+        self._estimator.set_calibration(instance_id, Calibration(coefficients.at_speed(tracked.step_time_ratio),
+                                                                 tracked.prefill_tokens_per_s, lps))
 
     # Instances and dispatches ---------------------------------------------------------------------------------------
 

@@ -103,3 +103,5 @@ def test_scaled_coefficients_scale_every_batch_time() -> None:
     for factor in (0.0, -1.0, math.nan, math.inf):
         with pytest.raises(ValueError, match="finite number > 0"):
             coefficients.scaled(factor)
+        assert coefficients.at_speed(factor) == coefficients  # not a known speed
+    assert coefficients.at_speed(0.8) == coefficients.scaled(0.8)
