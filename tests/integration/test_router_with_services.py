@@ -135,7 +135,9 @@ class Deployment:
         config = RouterConfig(host="127.0.0.1", grpc_port=0, metrics_port=None,
                               estimator_address=self.estimator.address, predictor_address=self.predictor.address,
                               redis=RedisConfig(url=self.redis_server.url), estimator_timeout_s=0.5,
-                              predictor_timeout_s=0.5)  # generous: three processes share this machine's cores
+                              predictor_timeout_s=0.5, redis_timeout_s=0.5)
+        # Generous: three processes share this machine's cores. A Redis call past its deadline leaves Redis alone for
+        # 0.5 s, and a fallback without snapshot queues decides round-robin (seen in CI at 50 ms).
         self.router = self.loop.run(main.start(config, self.registry))
         self.client = RouterClient(f"127.0.0.1:{self.router.port}", timeout_s=5.0)
         # The estimator has the snapshots once it estimates by replay.
@@ -214,7 +216,8 @@ def test_estimator_then_predictor_killed_under_load(deployment: Deployment) -> N
     # The calls sent once both had exited (how many depends on how long their graceful exits took).
     late = [d for d, sent_at_s in zip(result.decisions, result.sent_at_s, strict=True) if sent_at_s > both_gone_s]
     assert len(late) >= 40, f"{len(late)} calls after both services had stopped"
-    assert all(d.degraded and d.policy == "shortest-queue" for d in late)
+    assert all(d.degraded and d.policy == "shortest-queue" for d in late), [
+        (d.policy, d.degraded_reason) for d in late if not (d.degraded and d.policy == "shortest-queue")]
     # Queue lengths from the snapshots in Redis: medium-0 is idle.
     assert {d.instance_id for d in late} == {"medium-0"}
     assert all("estimator unavailable" in d.degraded_reason and "predictor unavailable" in d.degraded_reason
