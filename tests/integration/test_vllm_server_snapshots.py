@@ -129,7 +129,8 @@ class Subscription:
 
 def staleness_s(earlier: snapshot_pb2.InstanceSnapshot, later: snapshot_pb2.InstanceSnapshot) -> float:
     """How long Redis held a superseded state before `later` replaced `earlier`. One step apart, `earlier` was the
-    engine's state until `later`'s was taken; further apart, the sidecar missed states, and the whole gap is the bound."""
+    engine's state until `later`'s was taken; further apart, the sidecar missed states, and the whole gap is the
+    bound."""
     if later.next_step_index - earlier.next_step_index <= 1:
         return max(0.0, later.read_at_s - later.taken_at_s)
     return later.read_at_s - earlier.read_at_s
