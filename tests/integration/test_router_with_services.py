@@ -205,14 +205,21 @@ def test_a_stale_snapshot_is_estimated_otherwise_and_routing_goes_on(deployment:
 
 
 def test_estimator_then_predictor_killed_under_load(deployment: Deployment) -> None:
-    load = Load(f"127.0.0.1:{deployment.router.port}", count=480, rate_rps=80.0)
+    # 40 calls/s: this process hosts the router and the load, beside the two services and Redis. At 80/s, on a
+    # machine 3x slower than a laptop that was also busy (CI), the router fell behind from the first second, before
+    # either service stopped, and its queue grew past the calls' 5 s deadline (114 of 480 lost); at 40/s with the
+    # cores shared five ways, the slowest call took 0.5 s.
+    load = Load(f"127.0.0.1:{deployment.router.port}", count=480, rate_rps=40.0)
     load.wait_until_sent(60)
     deployment.estimator.stop()
     load.wait_until_sent(load.sent + 40)
     deployment.predictor.stop()  # SIGTERM, then waits for the exit
     both_gone_s = time.perf_counter()
     result = load.join()
-    assert result.errors == [] and len(result.decisions) == 480
+    latencies = sorted(result.latencies_ms)
+    assert result.errors == [] and len(result.decisions) == 480, (
+        f"{len(result.errors)} failed calls ({sorted({str(e) for e in result.errors})}); Route latency p50 "
+        f"{latencies[len(latencies) // 2]:.0f} ms, max {latencies[-1]:.0f} ms")
     # The calls sent once both had exited (how many depends on how long their graceful exits took).
     late = [d for d, sent_at_s in zip(result.decisions, result.sent_at_s, strict=True) if sent_at_s > both_gone_s]
     assert len(late) >= 40, f"{len(late)} calls after both services had stopped"
