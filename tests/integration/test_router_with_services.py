@@ -205,10 +205,10 @@ def test_a_stale_snapshot_is_estimated_otherwise_and_routing_goes_on(deployment:
 
 
 def test_estimator_then_predictor_killed_under_load(deployment: Deployment) -> None:
-    # 40 calls/s: this process hosts the router and the load, beside the two services and Redis. At 80/s, on a
-    # machine 3x slower than a laptop that was also busy (CI), the router fell behind from the first second, before
-    # either service stopped, and its queue grew past the calls' 5 s deadline (114 of 480 lost); at 40/s with the
-    # cores shared five ways, the slowest call took 0.5 s.
+    # 40 calls/s: this process hosts the router and the load, beside the two services and Redis. At 80/s, CI (a
+    # machine ~3x slower, and busy) lost 114 of 480 calls to their 5 s deadline; with the cores shared five ways
+    # (busy loops beside the test), the router and the load fell behind from the first second, before either service
+    # stopped, and calls queued for 2-4 s; at 40/s the slowest took 0.5 s.
     load = Load(f"127.0.0.1:{deployment.router.port}", count=480, rate_rps=40.0)
     load.wait_until_sent(60)
     deployment.estimator.stop()
