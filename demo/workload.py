@@ -11,7 +11,6 @@ Each query's outcome is reported to the router (`ReportOutcome`) when it complet
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from bear.router.client import AsyncRouterClient, RouterError
 from bear.routing.contract import DEFAULT_LAMBDA_PER_MICRO_USD
 from bear.v1 import router_pb2
 
-ROUTED, SHED, FAILED = "routed", "shed", "failed"
+ROUTING, ROUTED, SHED, FAILED = "routing", "routed", "shed", "failed"  # ROUTING: its Route call not answered yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +40,7 @@ class PlannedQuery:
 class QueryResult:
     request_id: str
     policy: str
-    status: str  # ROUTED, SHED or FAILED
+    status: str  # ROUTING, ROUTED, SHED or FAILED
     route_ms: float
     slo_s: float
     model: str = ""
@@ -165,23 +164,28 @@ class WorkloadClient:
     async def _one(self, turn: PolicyTurn, query: PlannedQuery, request_id: str, deadline_s: float) -> None:
         sent_at = time.time()
         started = time.perf_counter()
-        result = QueryResult(request_id, turn.policy, FAILED, 0.0, query.ttft_slo_s)
+        result = QueryResult(request_id, turn.policy, ROUTING, 0.0, query.ttft_slo_s)
         turn.results.append(result)
+        decision = None
         try:
             decision = await self._router.route(query.prompt.text, ttft_slo_ms=query.ttft_slo_s * 1000,
                                                 policy=turn.policy, request_id=request_id,
                                                 lambda_per_micro_usd=self._lambda, timeout_s=self._route_timeout_s)
         except RouterError as error:
-            result.route_ms = (time.perf_counter() - started) * 1000
             result.error = str(error)
+        finally:  # a call in flight is no error yet (the progress line counts it as neither); unanswered, it is one
+            result.route_ms = (time.perf_counter() - started) * 1000
+            if decision is None:
+                result.status, result.error = FAILED, result.error or "the Route call was not answered"
+        if decision is None:
             return
-        result.route_ms = (time.perf_counter() - started) * 1000
         if decision.decision != router_pb2.DECISION_ROUTE:
             result.status = SHED
             return
         chosen = next((c for c in decision.candidates if c.instance_id == decision.instance_id), None)
         model = decision.model
         if model not in query.prompt.true_output_tokens or chosen is None:
+            result.status = FAILED
             result.error = f"routed to {decision.instance_id!r} ({model!r}), which this demo does not serve"
             return
         result.status, result.model, result.instance_id = ROUTED, model, decision.instance_id
@@ -241,7 +245,7 @@ class WorkloadClient:
 def summarise(results: Sequence[QueryResult]) -> dict[str, object]:
     """One policy's figures (the `--json` schema, plus the routing mix and the TTFT estimates' error)."""
     routed = [r for r in results if r.status == ROUTED]
-    route_ms = np.array([r.route_ms for r in results if r.status != FAILED] or [math.nan])
+    route_ms = [r.route_ms for r in results if r.status in (ROUTED, SHED)]  # answered calls only
     mix: dict[str, int] = {}
     for r in routed:
         mix[r.model] = mix.get(r.model, 0) + 1
@@ -255,17 +259,13 @@ def summarise(results: Sequence[QueryResult]) -> dict[str, object]:
         "slo_attainment": float(np.mean([r.on_time for r in results])) if count else None,
         "routes": len(routed),
         "errors": sum(r.status == FAILED for r in results),
-        "route_p50_ms": _finite(np.nanpercentile(route_ms, 50)) if count else None,
-        "route_p99_ms": _finite(np.nanpercentile(route_ms, 99)) if count else None,
+        "route_p50_ms": float(np.percentile(route_ms, 50)) if route_ms else None,
+        "route_p99_ms": float(np.percentile(route_ms, 99)) if route_ms else None,
         "queries": count,
         "shed": sum(r.status == SHED for r in results),
         "mix": dict(sorted(mix.items())),
         "ttft_mape": mape,
     }
-
-
-def _finite(value: float) -> float | None:
-    return float(value) if math.isfinite(value) else None
 
 
 def gains(summaries: Mapping[str, Mapping[str, object]], reference: str) -> dict[str, float]:

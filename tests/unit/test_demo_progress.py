@@ -50,3 +50,45 @@ def test_the_table_fits_long_policy_names_and_a_baseline_at_zero_is_named() -> N
     row = next(line for line in lines if line.startswith("latency-agnostic "))
     assert row.index("0.2500") + len("0.2500") == header.index("OnTimeUtility") + len("OnTimeUtility")
     assert "bear OnTimeUtility vs latency-agnostic: +100%, round-robin: n/a (it scored 0)" in out.getvalue()
+
+
+def test_a_query_whose_route_call_is_in_flight_is_not_an_error_until_it_goes_unanswered() -> None:
+    """The progress line counted every query whose Route call had not returned yet as an error (it showed 'errors 1'
+    mid-turn, then 'errors 0' at the end); a call in flight is neither an error nor a route latency until it ends."""
+    import asyncio
+
+    import grpc
+
+    from bear.demo.assets import DemoPrompt
+    from bear.demo.workload import FAILED, ROUTING, PlannedQuery, WorkloadClient
+    from bear.router.client import RouterError
+
+    class Router:
+        def __init__(self) -> None:
+            self.answers: asyncio.Queue[Exception] = asyncio.Queue()
+
+        async def route(self, *args: object, **kwargs: object) -> object:
+            raise await self.answers.get()  # each call ends when the test says how
+
+    async def scenario() -> None:
+        router = Router()
+        client = WorkloadClient(router, lambda *args: None, None, asyncio.get_running_loop())  # type: ignore[arg-type]
+        turn = PolicyTurn("bear", 0.3)
+        prompt = DemoPrompt("hello there", "chat", {}, {})
+        queries = [PlannedQuery(0.0, prompt, 1.0), PlannedQuery(0.0, prompt, 1.0)]
+        running = asyncio.create_task(client.run_turn(turn, queries, "t"))
+        await asyncio.sleep(0.05)
+        summary = summarise(turn.results)
+        assert [r.status for r in turn.results] == [ROUTING, ROUTING]
+        assert summary["errors"] == 0 and summary["route_p50_ms"] is None and summary["queries"] == 2
+        assert "errors 0" in _progress_line(turn, summary)
+        await router.answers.put(RouterError(grpc.StatusCode.UNAVAILABLE, "no ready instance"))
+        await asyncio.sleep(0.05)
+        assert sorted(r.status for r in turn.results) == [FAILED, ROUTING]
+        assert summarise(turn.results)["errors"] == 1
+        await running  # the turn ends with the other call unanswered: an error, with why
+        failed = [r for r in turn.results if r.status == FAILED]
+        assert len(failed) == 2 and summarise(turn.results)["errors"] == 2
+        assert sorted(r.error for r in failed) == ["UNAVAILABLE: no ready instance", "the Route call was not answered"]
+
+    asyncio.run(scenario())
