@@ -10,8 +10,11 @@ each call's latency at the client; the router's own `decision_ms` (its answer's 
 time per call and that of its neighbours (estimator and predictor together) are reported beside it: CPU time is a
 steadier figure than latency on a shared machine.
 
-It prints p50 / p99 at --rate (default 200 requests/s), then raises the rate until p99 exceeds --p99-limit-ms
-(default 10) and prints the highest rate that stayed within it.
+It prints p50 / p99 at --rate (default 200 requests/s), then the same load against this machine's floor — a Route
+server that answers every call at once with a decision of the same size, no upstream call, no Redis, in a process of
+its own — and the router's figures as multiples of the floor's: the cost of one gRPC hop in Python differs several-fold
+between machines, the ratios much less. Then it raises the rate until p99 exceeds --p99-limit-ms (default 10) and
+prints the highest rate that stayed within it.
 
     python benchmarks/route_bench.py [--rate 200] [--seconds 10] [--sweep-seconds 5] [--p99-limit-ms 10]
         [--prompts short|mixed] [--fakes] [--tracing]
@@ -55,6 +58,8 @@ def main() -> int:
     args = parse_args()
     if args.serve_fakes:
         return _serve_fakes()
+    if args.serve_floor:
+        return _serve_floor()
     if args.publish_snapshots:
         return _publish_snapshots(args.publish_snapshots)
     with ExitStack() as stack:
@@ -82,6 +87,12 @@ def main() -> int:
         print(_row(args.rate, result))
         print("   mean per stage inside the router: " + _stage_means(stages_before, _stage_seconds(router))
               + " (predict and estimate run at once; record is off the path)")
+        floor = stack.enter_context(_process([], tmp / "floor.log", script="--serve-floor"))
+        asyncio_run(_load(floor, [], prompts, rate_rps=args.rate, seconds=2.0, streamed=streamed))  # warm-up
+        baseline = asyncio_run(_load(floor, [], prompts, rate_rps=args.rate, seconds=args.seconds,
+                                     streamed=streamed))
+        print(_row(args.rate, baseline) + "  floor: a Route server answering at once")
+        print("   router / floor: " + _ratios(result, baseline))
         if args.sweep_seconds == 0:
             return 0
         best = None
@@ -123,6 +134,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="the load generator's Route calls: over a stream of calls (default, as the asyncio "
                              "client makes them) or unary (off)")
     parser.add_argument("--serve-fakes", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-floor", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--publish-snapshots", metavar="REDIS_URL", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -211,6 +223,15 @@ def _row(rate: float, r: Result) -> str:
                                                   else ""))
 
 
+def _ratios(router: Result, floor: Result) -> str:
+    def ratio(ours: float, theirs: float) -> str:
+        return f"{ours / theirs:.1f}x" if theirs > 0 and ours == ours and theirs == theirs else "n/a"
+
+    return (f"client p50 {ratio(_percentile(router.client_ms, 50), _percentile(floor.client_ms, 50))}, "
+            f"p99 {ratio(_percentile(router.client_ms, 99), _percentile(floor.client_ms, 99))}; server CPU per "
+            f"call {ratio(router.router_cpu_ms, floor.router_cpu_ms)} (the estimator's and predictor's not counted)")
+
+
 def _stage_seconds(router: Proc) -> dict[str, tuple[float, float]]:
     """The router's bear_router_stage_seconds: (sum, count) by stage, scraped from its /metrics."""
     import urllib.request
@@ -254,7 +275,7 @@ def _neighbours(stack: ExitStack, args: argparse.Namespace, tmp: Path, redis_url
     missing = [m for m in ("bear.estimator.main", "bear.predictor.main") if importlib.util.find_spec(m) is None]
     if args.fakes or missing:
         why = "--fakes" if args.fakes else f"{', '.join(missing)} missing"
-        fakes = stack.enter_context(_process([], tmp / "fakes.log", script=True))
+        fakes = stack.enter_context(_process([], tmp / "fakes.log", script="--serve-fakes"))
         estimator, predictor = fakes.address.split(",")
         return estimator, predictor, f"FAKE estimator and predictor ({why})", [fakes]
     model_dir = tmp / "predictor"
@@ -287,12 +308,13 @@ class Proc:
 
 
 @contextmanager
-def _process(arguments: list[str], log: Path, *, script: bool = False, tracing: bool = False) -> Iterator[Proc]:
-    """A BEAR process (or this script serving fakes), with the address it announced on its first line."""
+def _process(arguments: list[str], log: Path, *, script: str = "", tracing: bool = False) -> Iterator[Proc]:
+    """A BEAR process (or this script with `script`, its option: serving fakes or the floor), with the address it
+    announced on its first line."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("BEAR_", "OTEL_"))}
     if not tracing:
         environ["OTEL_SDK_DISABLED"] = "true"
-    command = ([sys.executable, __file__, "--serve-fakes"] if script
+    command = ([sys.executable, __file__, script] if script
                else [sys.executable, "-m", "bear.cli.main", *arguments])
     with log.open("w") as err:
         process = subprocess.Popen(command, env=environ, stdout=subprocess.PIPE, stderr=err, text=True)
@@ -463,6 +485,52 @@ def _serve_fakes() -> int:
         await stopped.wait()
         for server, _ in servers:
             await server.stop(None)  # ends the router's streams of calls too
+
+    asyncio_run(serve())
+    return 0
+
+
+def _serve_floor() -> int:
+    """A Route server that answers each call at once with a constant decision of three candidates (the size of the
+    router's); prints its address."""
+    import grpc
+
+    from bear.common.call_streams import CallStreamServer
+    from bear.v1 import router_pb2, router_pb2_grpc
+
+    candidates = [router_pb2.CandidateDecision(
+        instance_id=instance_id, model=model, endpoint=f"http://{instance_id}:8000", predicted_accuracy=0.5 + 0.1 * k,
+        predicted_output_tokens=200.0, prompt_tokens=20, predicted_cost_micro_usd=20 * p_in + 200 * p_out,
+        utility=0.4 + 0.1 * k, ttft_known=True, predicted_ttft_ms=50.0 * (k + 1), ttft_method="replay", feasible=True,
+        score=0.4 + 0.1 * k, snapshot_age_ms=20.0)
+        for k, (instance_id, _, model, p_in, p_out, _, _) in enumerate(INSTANCES)]
+
+    async def route(request):  # noqa: ANN001, ANN202
+        chosen = candidates[-1]
+        return router_pb2.RouteDecision(
+            request_id=request.request_id, decision=router_pb2.DECISION_ROUTE, instance_id=chosen.instance_id,
+            endpoint=chosen.endpoint, model=chosen.model, policy="bear", reason="highest utility among feasible",
+            candidates=candidates, decision_ms=0.0)
+
+    class Router(router_pb2_grpc.RouterServicer):
+        streams = CallStreamServer(route, router_pb2.RouteResult, "/bear.v1.Router/RouteStream")
+
+        async def Route(self, request, context):  # noqa: ANN001, ANN202, N802
+            return await route(request)
+
+        async def RouteStream(self, calls, context):  # noqa: ANN001, ANN202, N802
+            await self.streams.serve(calls, context)
+
+    async def serve() -> None:
+        server = grpc.aio.server()
+        router_pb2_grpc.add_RouterServicer_to_server(Router(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        print(f"127.0.0.1:{port}", flush=True)
+        stopped = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopped.set)
+        await stopped.wait()
+        await server.stop(None)
 
     asyncio_run(serve())
     return 0
