@@ -78,7 +78,7 @@ def plan(prompts: Sequence[DemoPrompt], rate_qps: float, window_s: float, seed: 
 @dataclass
 class _Pending:
     result: QueryResult
-    routed_at_s: float
+    dispatched_at_s: float  # when the Route call answered
     prompt_tokens: int
     output_tokens: int
     first_token: asyncio.Future[RequestEvent]
@@ -195,7 +195,7 @@ class WorkloadClient:
         price = self._catalog.spec(model)
         result.utility = (query.prompt.true_score[model]
                           - self._lambda * price.cost_microusd(prompt_tokens, output_tokens))
-        pending = _Pending(result, sent_at, prompt_tokens, output_tokens, self._loop.create_future(),
+        pending = _Pending(result, time.time(), prompt_tokens, output_tokens, self._loop.create_future(),
                            self._loop.create_future())
         self._pending[request_id] = pending
         try:
@@ -214,17 +214,19 @@ class WorkloadClient:
         report.add_done_callback(self._reports.discard)
 
     async def _report_when_done(self, pending: _Pending) -> None:
-        """ReportOutcome once the query completes (or after a minute: TTFT only)."""
+        """ReportOutcome once the query completes (or after a minute: TTFT only), its times from the dispatch as the
+        router predicts them (the query's TTFT against its target counts from the Route call)."""
         result = pending.result
+        ttft_ms = (pending.first_token.result().at_s - pending.dispatched_at_s) * 1000
         e2e_ms = 0.0
         try:
-            e2e_ms = ((await asyncio.wait_for(pending.done, timeout=60.0)).at_s - pending.routed_at_s) * 1000
+            e2e_ms = ((await asyncio.wait_for(pending.done, timeout=60.0)).at_s - pending.dispatched_at_s) * 1000
         except TimeoutError:
             pass
         finally:
             self._pending.pop(result.request_id, None)
         try:
-            await self._router.report_outcome(result.request_id, observed_ttft_ms=(result.ttft_s or 0.0) * 1000,
+            await self._router.report_outcome(result.request_id, observed_ttft_ms=ttft_ms,
                                               output_tokens=pending.output_tokens if e2e_ms else 0,
                                               observed_e2e_ms=e2e_ms)
         except RouterError:

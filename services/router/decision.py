@@ -44,6 +44,7 @@ class RouteResult:
     degraded: bool = False
     degraded_reason: str = ""
     decision_ms: float = 0.0
+    ttft_budget_ms: float = 0.0  # the target less the router's time on the call when it chose: feasibility's bound
 
 
 @dataclass(frozen=True, slots=True)

@@ -172,7 +172,10 @@ class Router:
         candidates = build_candidates(inputs.instances, prompt_tokens, inputs.predictions, inputs.estimates,
                                       inputs.queues, self._observations, self._clock(),
                                       self._settings.default_output_tokens)
-        request = RouteRequest(query.request_id, query.ttft_slo_ms / 1000,
+        # The target counts from the Route call: what the router has spent on it is no longer the instance's to use
+        # (a slow decision, a busy host). Estimates are from the dispatch on, so they are judged against the rest.
+        budget_ms = query.ttft_slo_ms - (time.perf_counter() - started) * 1000
+        request = RouteRequest(query.request_id, budget_ms / 1000,
                                _or(query.lambda_per_micro_usd, self._settings.lambda_per_micro_usd),
                                query.delta_per_s)
         servable, never = _servable(candidates, inputs.estimates)
@@ -180,7 +183,7 @@ class Router:
             choice, decided_by, degraded_reason = self._choose(policy, request, servable, inputs)
         else:  # no policy could do better than to send the query where it can never be served
             choice, decided_by, degraded_reason = Choice(None, Decision.SHED, never, ()), policy, ""
-        views = describe(inputs.instances, candidates, choice, inputs.estimates, inputs.queues, query.ttft_slo_ms,
+        views = describe(inputs.instances, candidates, choice, inputs.estimates, inputs.queues, budget_ms,
                          decided_by.estimator)
         chosen = next((i for i, c in enumerate(candidates) if c.instance_id == choice.instance_id), None)
         if choice.decision is Decision.ROUTE and chosen is not None:
@@ -191,7 +194,7 @@ class Router:
             instance_id=instance.instance_id if instance else "", endpoint=instance.endpoint if instance else "",
             model=instance.model if instance else "", policy=decided_by.name, reason=choice.reason,
             candidates=views, degraded=bool(degraded_reason), degraded_reason=degraded_reason,
-            decision_ms=(time.perf_counter() - started) * 1000)
+            decision_ms=(time.perf_counter() - started) * 1000, ttft_budget_ms=budget_ms)
         return result, prompt_tokens
 
     async def _instances(self, query: RouteQuery) -> tuple[InstanceInfo, ...]:

@@ -187,6 +187,7 @@ def record_decision(span: trace.Span, result: RouteResult, prompt_tokens: int) -
         "bear.degraded": result.degraded,
         "bear.degraded_reason": result.degraded_reason,
         "bear.num_candidates": len(result.candidates),
+        "bear.ttft_budget_ms": result.ttft_budget_ms,
     })
     for c in result.candidates:
         span.add_event("bear.candidate", {

@@ -55,6 +55,7 @@ def decision_to_proto(result: RouteResult) -> router_pb2.RouteDecision:
         degraded=result.degraded,
         degraded_reason=result.degraded_reason,
         decision_ms=result.decision_ms,
+        ttft_budget_ms=result.ttft_budget_ms,
     )
 
 

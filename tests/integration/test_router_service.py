@@ -51,6 +51,7 @@ def test_route_answers_with_every_candidate_and_records_the_dispatch(stack: Rout
                                                                               "medium-0")
     assert (decision.endpoint, decision.model, decision.policy) == ("http://medium-0.test:8000", "Qwen3-8B", "bear")
     assert decision.reason and not decision.degraded and decision.decision_ms > 0
+    assert 250.0 - decision.decision_ms <= decision.ttft_budget_ms < 250.0  # the target less the router's time
     by_id = {c.instance_id: c for c in decision.candidates}
     assert set(by_id) == {"small-0", "medium-0", "large-0"}
     large = by_id["large-0"]

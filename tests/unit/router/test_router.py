@@ -401,6 +401,22 @@ def test_the_offset_decides_feasibility_and_can_be_turned_off() -> None:
         assert result.instance_id == routed_to
 
 
+def test_the_routers_own_time_counts_against_the_target() -> None:
+    """The target counts from the Route call: an instance whose estimate (from the dispatch on) fits the target but
+    not what is left of it once the router has spent its time is not feasible, and the decision says what was left."""
+    estimates = {"small-0": estimate("small-0", 20), "medium-0": estimate("medium-0", 40),
+                 "large-0": estimate("large-0", 120)}
+    quick = route(make_router(estimates=estimates), slo_ms=150)
+    assert quick.instance_id == "large-0" and candidate_of(quick, "large-0").feasible  # 120 ms fits 150 ms
+    assert 140 < quick.ttft_budget_ms <= 150 and quick.ttft_budget_ms >= 150 - quick.decision_ms
+    slow = make_router(estimates=estimates)
+    slow.estimator.delay_s = 0.06  # the estimator answers 60 ms into the call
+    result = route(slow, slo_ms=150)
+    large = candidate_of(result, "large-0")
+    assert result.instance_id == "medium-0" and not large.feasible and large.predicted_ttft_ms == 120
+    assert 150 - result.decision_ms <= result.ttft_budget_ms <= 90
+
+
 def test_report_outcome_of_an_unknown_request_is_not_known() -> None:
     harness = make_router()
     assert asyncio.run(harness.router.report_outcome(Outcome("nobody", 100.0))) == (False, 0.0)
@@ -476,6 +492,7 @@ def test_each_stage_has_a_span_and_a_histogram_under_the_route_span() -> None:
     assert (attributes["bear.request_id"], attributes["bear.ttft_slo_ms"], attributes["bear.policy"]) == (
         "traced", 300, "bear")
     assert attributes["bear.prompt_tokens"] == 3 and attributes["bear.num_candidates"] == 3
+    assert 0 < attributes["bear.ttft_budget_ms"] < 300  # the target less the router's time on the call
     events = [e for e in root.events if e.name == "bear.candidate"]
     assert {e.attributes["bear.instance_id"] for e in events} == {"small-0", "medium-0", "large-0"}
     chosen = [e for e in events if e.attributes["bear.chosen"]]
