@@ -37,6 +37,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 from arguments import non_negative_number, positive_number
 
@@ -434,9 +435,6 @@ def _publish_snapshots(redis_url: str) -> int:
 
 def _serve_fakes() -> int:
     """Constant-answer Estimator and Predictor servers; prints `estimator_address,predictor_address`."""
-    import grpc
-
-    from bear.common.call_streams import CallStreamServer
     from bear.v1 import estimator_pb2, estimator_pb2_grpc, predictor_pb2, predictor_pb2_grpc
 
     async def predict(request):  # noqa: ANN001, ANN202
@@ -453,49 +451,13 @@ def _serve_fakes() -> int:
                                            num_running=k, num_batches=2)
             for k, i in enumerate(request.instance_ids)])
 
-    class Predictor(predictor_pb2_grpc.PredictorServicer):
-        streams = CallStreamServer(predict, predictor_pb2.PredictResult, "/bear.v1.Predictor/PredictStream")
-
-        async def Predict(self, request, context):  # noqa: ANN001, ANN202, N802
-            return await predict(request)
-
-        async def PredictStream(self, calls, context):  # noqa: ANN001, ANN202, N802
-            await self.streams.serve(calls, context)
-
-    class Estimator(estimator_pb2_grpc.EstimatorServicer):
-        streams = CallStreamServer(estimate, estimator_pb2.EstimateResult, "/bear.v1.Estimator/EstimateStream")
-
-        async def Estimate(self, request, context):  # noqa: ANN001, ANN202, N802
-            return await estimate(request)
-
-        async def EstimateStream(self, calls, context):  # noqa: ANN001, ANN202, N802
-            await self.streams.serve(calls, context)
-
-    async def serve() -> None:
-        servers = []
-        for add, servicer in ((estimator_pb2_grpc.add_EstimatorServicer_to_server, Estimator()),
-                              (predictor_pb2_grpc.add_PredictorServicer_to_server, Predictor())):
-            server = grpc.aio.server()
-            add(servicer, server)
-            servers.append((server, server.add_insecure_port("127.0.0.1:0")))
-            await server.start()
-        print(",".join(f"127.0.0.1:{port}" for _, port in servers), flush=True)
-        stopped = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopped.set)
-        await stopped.wait()
-        for server, _ in servers:
-            await server.stop(None)  # ends the router's streams of calls too
-
-    asyncio_run(serve())
-    return 0
+    return _serve_constant([(estimator_pb2_grpc, "Estimator", estimate, estimator_pb2.EstimateResult),
+                            (predictor_pb2_grpc, "Predictor", predict, predictor_pb2.PredictResult)])
 
 
 def _serve_floor() -> int:
     """A Route server that answers each call at once with a constant decision of three candidates (the size of the
     router's); prints its address."""
-    import grpc
-
-    from bear.common.call_streams import CallStreamServer
     from bear.v1 import router_pb2, router_pb2_grpc
 
     candidates = [router_pb2.CandidateDecision(
@@ -512,25 +474,43 @@ def _serve_floor() -> int:
             endpoint=chosen.endpoint, model=chosen.model, policy="bear", reason="highest utility among feasible",
             candidates=candidates, decision_ms=0.0)
 
-    class Router(router_pb2_grpc.RouterServicer):
-        streams = CallStreamServer(route, router_pb2.RouteResult, "/bear.v1.Router/RouteStream")
+    return _serve_constant([(router_pb2_grpc, "Router", route, router_pb2.RouteResult)])
 
-        async def Route(self, request, context):  # noqa: ANN001, ANN202, N802
-            return await route(request)
 
-        async def RouteStream(self, calls, context):  # noqa: ANN001, ANN202, N802
-            await self.streams.serve(calls, context)
+def _serve_constant(services: list[tuple[Any, str, Any, Any]]) -> int:
+    """One server per (generated `*_pb2_grpc` module, service name, answer, stream result type): its hot method,
+    unary and as a stream of calls (`<Method>Stream`), answered by `answer`; prints the addresses, comma-separated, and
+    serves until SIGTERM."""
+    import grpc
+
+    from bear.common.call_streams import CallStreamServer
+
+    def servicer(module: Any, service: str, answer: Any, result_type: Any) -> Any:
+        method = {"Estimator": "Estimate", "Predictor": "Predict", "Router": "Route"}[service]
+        streams = CallStreamServer(answer, result_type, f"/bear.v1.{service}/{method}Stream")
+
+        async def unary(self, request, context):  # noqa: ANN001, ANN202
+            return await answer(request)
+
+        async def stream(self, calls, context):  # noqa: ANN001, ANN202
+            await streams.serve(calls, context)
+
+        base = getattr(module, f"{service}Servicer")
+        return type(f"Constant{service}", (base,), {method: unary, f"{method}Stream": stream})()
 
     async def serve() -> None:
-        server = grpc.aio.server()
-        router_pb2_grpc.add_RouterServicer_to_server(Router(), server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        print(f"127.0.0.1:{port}", flush=True)
+        servers = []
+        for module, service, answer, result_type in services:
+            server = grpc.aio.server()
+            getattr(module, f"add_{service}Servicer_to_server")(servicer(module, service, answer, result_type), server)
+            servers.append((server, server.add_insecure_port("127.0.0.1:0")))
+            await server.start()
+        print(",".join(f"127.0.0.1:{port}" for _, port in servers), flush=True)
         stopped = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopped.set)
         await stopped.wait()
-        await server.stop(None)
+        for server, _ in servers:
+            await server.stop(None)  # ends the router's streams of calls too
 
     asyncio_run(serve())
     return 0
