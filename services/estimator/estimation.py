@@ -205,12 +205,12 @@ class Estimator:
         if fault is not None:
             raise InvalidState(fault)
         instance = self._instance(snapshot.instance_id)
+        instance.dispatches.expire(now_s - self._dispatch_ttl_s)  # also while the engine's state stands still
         current = instance.snapshot
         if current is not None and not supersedes(snapshot, current, now_s):
             if snapshot.taken_at_s == current.taken_at_s and snapshot.read_at_s > current.read_at_s:
                 current.read_at_s = snapshot.read_at_s
             return False
-        instance.dispatches.expire(now_s - self._dispatch_ttl_s)
         lengths = self._residents_remaining(instance, (*snapshot.running, *snapshot.waiting),
                                             remaining or self._remaining)
         prepared = prepare(state_from_snapshot(snapshot, lambda r: lengths[r.request_id]))

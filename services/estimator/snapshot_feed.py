@@ -296,16 +296,20 @@ class SnapshotFeed:
     def _residents_without_dispatch(self, snapshots: list[snapshot_pb2.InstanceSnapshot], now: float
                                     ) -> list[tuple[str, str]]:
         """(instance, request key) of the residents the estimator has no dispatch record for (and has not looked
-        for in the last MISSING_DISPATCH_RETRY_S)."""
+        for in the last MISSING_DISPATCH_RETRY_S). Each instance's list of records looked for in vain keeps only
+        its residents of now: requests not routed by BEAR come and go for as long as the instance lives."""
         wanted: list[tuple[str, str]] = []
-        for snapshot in snapshots:
+        for snapshot in snapshots:  # at most one per instance
             instance_id = snapshot.instance_id
-            missing = self._tracked[instance_id].missing_dispatches
+            tracked = self._tracked[instance_id]
+            missing, tracked.missing_dispatches = tracked.missing_dispatches, {}
             for request in (*snapshot.running, *snapshot.waiting):
                 key = self._request_key(request.request_id)
                 if self._estimator.has_dispatch(instance_id, key):
                     continue
-                if now - missing.get(key, -MISSING_DISPATCH_RETRY_S) < MISSING_DISPATCH_RETRY_S:
+                looked_at = missing.get(key)
+                if looked_at is not None and now - looked_at < MISSING_DISPATCH_RETRY_S:
+                    tracked.missing_dispatches[key] = looked_at
                     continue
                 wanted.append((instance_id, key))
         return wanted

@@ -134,6 +134,18 @@ def test_arrivals_come_in_dispatch_order_and_old_dispatches_expire() -> None:
     assert all(estimator.has_dispatch("a", r) for r in ("before", "early", "moved", "late"))
 
 
+def test_dispatches_expire_while_the_engine_state_stands_still() -> None:
+    """A stuck engine whose sidecar publishes the same state again and again, while routers go on sending it
+    queries: the dispatches kept for it still expire."""
+    message = snapshot("a", NOW, [decoding("r1")])
+    estimator = estimator_with(message, dispatch_ttl_s=60.0)
+    for second in range(0, 200, 10):
+        estimator.record_dispatch(Dispatch(f"d{second}", "a", "m", NOW + second, 300, 10.0))
+        assert not estimator.update_snapshot(message, NOW + second)  # the same state, found current later
+    assert [second for second in range(0, 200, 10) if estimator.has_dispatch("a", f"d{second}")] == list(
+        range(130, 200, 10))  # made at most 60 s before the last snapshot
+
+
 def test_instances_come_and_go() -> None:
     estimator = estimator_with(snapshot("a", NOW, [decoding("r1")]))
     estimator.add_instance("b", "m")

@@ -148,6 +148,42 @@ def test_residents_take_their_length_from_the_dispatch_record_of_their_router_id
     run(test)
 
 
+def test_residents_looked_for_in_vain_are_forgotten_once_they_leave() -> None:
+    """Requests that BEAR did not route (no dispatch record) come and go for as long as an instance lives: the
+    feed remembers looking for the records of its residents of now only, and still looks for each at most once per
+    retry interval."""
+    async def test(world: World) -> None:
+        asked: list[int] = []
+        mget = world.redis.mget
+
+        async def counting_mget(keys, *args):  # noqa: ANN001, ANN202
+            asked.append(len(keys))
+            return await mget(keys, *args)
+
+        world.redis.mget = counting_mget  # type: ignore[method-assign]
+        await world.publish(snapshot("a", world.clock(), []))
+        await world.feed.resync_once()
+        await world.feed.adopt_pending()
+        for step in range(300):  # 4 residents at a time, each resident for 4 steps, 10 ms apart
+            world.clock.advance(0.01)
+            world.feed.offer(snapshot("a", world.clock(), [decoding(f"direct-{step - age}", output=age + 1)
+                                                           for age in range(4) if step - age >= 0]))
+            await world.feed.adopt_pending()
+            assert len(world.feed._tracked["a"].missing_dispatches) <= 4  # noqa: SLF001 - the bound itself
+        assert sum(asked) == 300  # each of the 300 requests looked for once, when it first appeared
+        world.clock.advance(0.01)
+        still = [decoding(f"direct-{299 - age}", output=5 + age) for age in range(3)]
+        world.feed.offer(snapshot("a", world.clock(), still))
+        await world.feed.adopt_pending()
+        assert sum(asked) == 300  # residents looked for less than MISSING_DISPATCH_RETRY_S ago are not asked again
+        world.clock.advance(5.0)
+        world.feed.offer(snapshot("a", world.clock(), still))
+        await world.feed.adopt_pending()
+        assert asked[-1] == 3  # ... and are after it
+
+    run(test)
+
+
 def test_dispatches_since_the_snapshot_join_the_replay() -> None:
     async def test(world: World) -> None:
         await world.publish(snapshot("a", world.clock(), [decoding("r1")]))
