@@ -130,6 +130,7 @@ class Router:
         self._recorder = DispatchRecorder(store, telemetry.tracer, telemetry.metrics)
         self._loaded = False
         self._first_load: asyncio.Future[None] | None = None
+        self._routable: frozenset[str] = frozenset()  # as of the last refresh, for the log of its changes
 
     # Route ----------------------------------------------------------------------------------------------------------
 
@@ -411,9 +412,22 @@ class Router:
             self._metrics.dependency_failed("redis", "INTERNAL")
         self._loaded = True
         ids = {i.instance_id for i in self._pool.instances()}
+        self._log_changes(frozenset(ids))
         self._metrics.instances.set(len(ids))
         self._metrics.forget_instances_except(ids)
         self._observations.forget_except(ids)
+
+    def _log_changes(self, ids: frozenset[str]) -> None:
+        """Says which instances joined or left the routable set (and when none is left, what that means)."""
+        joined, left = sorted(ids - self._routable), sorted(self._routable - ids)
+        self._routable = ids
+        if joined:
+            logger.info("routing to %d more instance(s): %s", len(joined), _listed(joined))
+        if left:
+            logger.warning("no longer routing to %d instance(s): %s (not ready in discovery, or the registration "
+                           "in Redis withdrawn by its sidecar or not refreshed)", len(left), _listed(left))
+        if left and not ids:
+            logger.warning("no instance left to route to: Route calls are refused (UNAVAILABLE) until one is ready")
 
     async def flush(self) -> None:
         """Waits until the dispatches decided so far are written to Redis (or failed)."""
@@ -466,3 +480,7 @@ def _servable(candidates: Sequence[Candidate], estimates: Mapping[str, InstanceE
 
 def _or(value: float | None, default: float) -> float:
     return default if value is None else value
+
+
+def _listed(ids: Sequence[str], most: int = 10) -> str:
+    return ", ".join(ids[:most]) + (f" and {len(ids) - most} more" if len(ids) > most else "")

@@ -4,6 +4,7 @@ missing input degrades it, and what is recorded, measured and traced."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from dataclasses import replace
 
@@ -503,6 +504,32 @@ def test_each_stage_has_a_span_and_a_histogram_under_the_route_span() -> None:
     assert harness.metric("bear_router_routes_total", instance=attributes["bear.instance_id"],
                           model=attributes["bear.model"], policy="bear") == 1
     assert harness.metric("bear_router_snapshot_age_seconds", instance="small-0") == pytest.approx(0.005)
+
+
+def test_the_log_says_which_instances_join_and_leave_the_routable_set(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="bear.router")
+    harness = make_router()  # its first refresh: the three instances join
+    assert [r.getMessage() for r in caplog.records] == [
+        "routing to 3 more instance(s): large-0, medium-0, small-0"]
+    caplog.clear()
+    asyncio.run(harness.router.refresh_instances())
+    assert not caplog.records  # nothing changed: nothing said
+    harness.store.registrations_.pop("medium-0")
+    asyncio.run(harness.router.refresh_instances())
+    assert [(r.levelname, r.getMessage().split(" (")[0]) for r in caplog.records] == [
+        ("WARNING", "no longer routing to 1 instance(s): medium-0")]
+    caplog.clear()
+    harness.store.registrations_.clear()
+    asyncio.run(harness.router.refresh_instances())
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
+        "no longer routing to 2 instance(s): large-0, small-0",
+        "no instance left to route to: Route calls are refused"]
+    caplog.clear()
+    harness.store.registrations_.update({f"extra-{k:02d}": replace(INSTANCES[0], instance_id=f"extra-{k:02d}")
+                                         for k in range(12)})
+    asyncio.run(harness.router.refresh_instances())
+    assert [r.getMessage() for r in caplog.records] == [
+        "routing to 12 more instance(s): " + ", ".join(f"extra-{k:02d}" for k in range(10)) + " and 2 more"]
 
 
 def test_registrations_are_refreshed_and_kept_when_redis_fails() -> None:
