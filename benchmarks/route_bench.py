@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import random
 import shutil
@@ -387,20 +388,19 @@ def _snapshotters(redis_url: str) -> Iterator[None]:
 
 
 def _publish_snapshots(redis_url: str) -> int:
-    """The snapshotters' part: registers the three instances and publishes their snapshots every 100 ms until
-    SIGTERM; prints `publishing` once the first ones are in Redis."""
+    """The snapshotters' part: registers the three instances (again every second, as a sidecar's heartbeat does)
+    and publishes their snapshots every 100 ms until SIGTERM; prints `publishing` once the first ones are in Redis."""
     import redis
 
     from bear.common import redis_keys
     from bear.v1 import calibration_pb2, snapshot_pb2
 
     client = redis.Redis.from_url(redis_url)
-    snapshots = []
+    snapshots, registrations = [], []
     for instance_id, pool, model, price_in, price_out, running, waiting in INSTANCES:
-        client.set(redis_keys.instance_key(instance_id), snapshot_pb2.InstanceRegistration(
+        registrations.append(snapshot_pb2.InstanceRegistration(
             instance_id=instance_id, pool=pool, model=model, endpoint=f"http://{instance_id}:8000",
-            input_usd_per_million_tokens=price_in, output_usd_per_million_tokens=price_out).SerializeToString())
-        client.zadd(redis_keys.INSTANCES, {instance_id: time.time()})
+            input_usd_per_million_tokens=price_in, output_usd_per_million_tokens=price_out))
         engine = snapshot_pb2.EngineConfig(max_num_batched_tokens=8192, max_num_seqs=256, block_size=16,
                                            num_gpu_blocks=20_000, max_model_len=32_768, enable_chunked_prefill=True)
         residents = [snapshot_pb2.RequestState(request_id=f"{instance_id}-r{k}", num_prompt_tokens=300,
@@ -416,6 +416,14 @@ def _publish_snapshots(redis_url: str) -> int:
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stopped.set())
 
+    def register() -> None:  # as a sidecar's heartbeat does: a registration older than the window is dropped
+        now = time.time()
+        for registration in registrations:
+            registration.registered_at_s = now
+            client.set(redis_keys.instance_key(registration.instance_id), registration.SerializeToString(),
+                       px=10_000)
+            client.zadd(redis_keys.INSTANCES, {registration.instance_id: now})
+
     def publish() -> None:
         now = time.time()
         for sequence, message in enumerate(snapshots):
@@ -425,10 +433,15 @@ def _publish_snapshots(redis_url: str) -> int:
             client.set(redis_keys.snapshot_key(message.instance_id), payload, px=10_000)
             client.publish(redis_keys.SNAPSHOTS_CHANNEL, payload)
 
+    register()
     publish()
     print("publishing", flush=True)
-    while not stopped.wait(0.1):
+    for tick in itertools.count(1):
+        if stopped.wait(0.1):
+            break
         publish()
+        if tick % 10 == 0:
+            register()
     client.close()
     return 0
 
