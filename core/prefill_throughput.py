@@ -23,7 +23,17 @@ def fit_prefill_throughput(samples: Sequence[tuple[BatchFeatures, float]]) -> fl
 
 def prefill_throughput_ttft_s(state: InstanceState, query: Query, tokens_per_s: float) -> float:
     """Eq. 8: (Σ residents' remaining prefill tokens + the query's prompt) / θ."""
+    return backlog_ttft_s(remaining_prefill_tokens(state), query.num_prompt_tokens, tokens_per_s)
+
+
+def remaining_prefill_tokens(state: InstanceState) -> int:
+    """Σ residents' remaining prefill tokens, running and waiting: eq. 8's backlog, one sum per state (a service that
+    estimates many queries against one state computes it once, not once per query: O(residents))."""
+    return sum(r.remaining_prefill_tokens for r in (*state.running, *state.waiting))
+
+
+def backlog_ttft_s(backlog_tokens: int, prompt_tokens: int, tokens_per_s: float) -> float:
+    """Eq. 8 from the residents' remaining prefill tokens (`remaining_prefill_tokens`) and the query's prompt."""
     if not (math.isfinite(tokens_per_s) and tokens_per_s > 0):
         raise ValueError(f"prefill throughput must be a positive number, got {tokens_per_s!r}")
-    residents = sum(r.remaining_prefill_tokens for r in (*state.running, *state.waiting))
-    return (residents + query.num_prompt_tokens) / tokens_per_s
+    return (backlog_tokens + prompt_tokens) / tokens_per_s

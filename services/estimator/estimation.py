@@ -45,7 +45,7 @@ import numpy as np
 
 from bear.core.batch_time import BatchFeatures, BatchTimeCoefficients
 from bear.core.lps import LpsParameters, lps_ttft_s
-from bear.core.prefill_throughput import prefill_throughput_ttft_s
+from bear.core.prefill_throughput import backlog_ttft_s, remaining_prefill_tokens
 from bear.core.replay import PreparedState, Target, estimate_many, prepare
 from bear.core.result import ReplayStatus
 from bear.core.state import Arrival, InvalidState, Query, ResidentRequest
@@ -145,6 +145,7 @@ class _Instance:
     snapshot: snapshot_pb2.InstanceSnapshot | None = None
     prepared: PreparedState | None = None
     pending_decode_tokens: float = 0.0  # Σ residents' remaining output tokens in `prepared`
+    prefill_backlog_tokens: int = 0  # Σ residents' remaining prefill tokens in `prepared` (eq. 8)
     calibration: Calibration | None = None
     dispatches: _Dispatches = field(default_factory=_Dispatches)
 
@@ -215,6 +216,7 @@ class Estimator:
                                             remaining or self._remaining)
         prepared = prepare(state_from_snapshot(snapshot, lambda r: lengths[r.request_id]))
         instance.snapshot, instance.prepared = snapshot, prepared
+        instance.prefill_backlog_tokens = remaining_prefill_tokens(prepared.state)
         instance.pending_decode_tokens = float(sum(lengths.values()))
         return True
 
@@ -305,7 +307,8 @@ class Estimator:
                      result) -> TtftEstimate:  # noqa: ANN001 - bear.core.result.ReplayResult
         prefill_tps = None
         if calibration.prefill_tokens_per_s:
-            prefill_tps = prefill_throughput_ttft_s(target.prepared.state, query, calibration.prefill_tokens_per_s)
+            prefill_tps = backlog_ttft_s(self._instances[instance_id].prefill_backlog_tokens,
+                                         query.num_prompt_tokens, calibration.prefill_tokens_per_s)
         if result.status is ReplayStatus.FIRST_TOKEN:
             ttft, lower = result.ttft_s, False
         elif result.status is ReplayStatus.EXCEEDS_HORIZON:

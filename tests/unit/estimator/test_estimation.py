@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from bear.core.prefill_throughput import prefill_throughput_ttft_s
 from bear.core.replay import estimate, prepare
 from bear.core.state import Arrival, InvalidState, Query, ResidentRequest
 from bear.core.wire import state_from_snapshot
@@ -144,6 +145,25 @@ def test_dispatches_expire_while_the_engine_state_stands_still() -> None:
         assert not estimator.update_snapshot(message, NOW + second)  # the same state, found current later
     assert [second for second in range(0, 200, 10) if estimator.has_dispatch("a", f"d{second}")] == list(
         range(130, 200, 10))  # made at most 60 s before the last snapshot
+
+
+def test_the_prefill_throughput_estimate_follows_each_snapshot() -> None:
+    """Eq. 8 beside the replay (for the prefill-throughput policies): its residents' backlog is summed once per
+    snapshot, and is each snapshot's own."""
+    estimator = estimator_with(snapshot("a", NOW, [decoding("r1")], [queued("w1", 600)]))
+    estimator.set_calibration("a", Calibration(COEFFICIENTS, prefill_tokens_per_s=1000.0))
+    query = Query("q", 100, 10)
+    for at, message in ((NOW, None), (NOW + 1, snapshot("a", NOW + 1, [decoding("r1", output=2)],
+                                                        [queued("w1", 600), queued("w2", 300)])),
+                        (NOW + 2, snapshot("a", NOW + 2, [decoding("r1", output=3)]))):
+        if message is not None:
+            assert estimator.update_snapshot(message, at)
+        current = estimator.snapshot("a")
+        assert current is not None
+        expected = prefill_throughput_ttft_s(state_from_snapshot(current, lambda r: 79), query, 1000.0)
+        got = estimator.estimate(query, ["a"], at + 0.001)[0]
+        assert got.prefill_tps_ttft_s == pytest.approx(expected)
+    assert expected == pytest.approx(0.1)  # the queue gone: the query's own prompt only
 
 
 def test_instances_come_and_go() -> None:
