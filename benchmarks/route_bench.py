@@ -1,10 +1,11 @@
-"""Route latency: the router with the estimator and the predictor on loopback, three instances, an open-loop load.
+"""Route latency: the router with the estimator and the predictor on loopback, three or more instances, an open-loop
+load.
 
-Starts a redis-server, publishes three instances (the paper's Qwen3 pool) with live snapshots as snapshotters would
-(registration, snapshot with eq. 12 coefficients, refreshed every 100 ms, from a process of its own), starts `bear
-serve predictor` (on a small predictor trained here on the synthetic corpus) and `bear serve estimator` — or, when
-their modules are missing or with --fakes, one process of constant-answer fakes (with the stream twins), and says
-which — then `bear serve router`, each its own process.
+Starts a redis-server, publishes --replicas instances (default 1) of each model of the paper's Qwen3 pool with live
+snapshots as snapshotters would (registration, snapshot with eq. 12 coefficients, refreshed every 100 ms, from a
+process of its own), starts `bear serve predictor` (on a small predictor trained here on the synthetic corpus) and
+`bear serve estimator` — or, when their modules are missing or with --fakes, one process of constant-answer fakes
+(with the stream twins), and says which — then `bear serve router`, each its own process.
 The load generator (this process, asyncio + uvloop, one channel) sends Route calls with Poisson arrivals and measures
 each call's latency at the client; the router's own `decision_ms` (its answer's field), the router process's CPU
 time per call and that of its neighbours (estimator and predictor together) are reported beside it: CPU time is a
@@ -17,7 +18,7 @@ between machines, the ratios much less. Then it raises the rate until p99 exceed
 prints the highest rate that stayed within it.
 
     python benchmarks/route_bench.py [--rate 200] [--seconds 10] [--sweep-seconds 5] [--p99-limit-ms 10]
-        [--prompts short|mixed] [--fakes] [--tracing]
+        [--prompts short|mixed] [--replicas 1] [--fakes] [--tracing]
 """
 
 from __future__ import annotations
@@ -40,10 +41,18 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from arguments import non_negative_number, positive_number
+from arguments import non_negative_number, positive_int, positive_number
 
-INSTANCES = (("small-0", "small", "Qwen3-0.6B", 0.044, 0.173, 2, 1), ("medium-0", "medium", "Qwen3-8B", 0.072, 0.287,
-             4, 0), ("large-0", "large", "Qwen3-32B", 0.287, 0.640, 8, 2))  # id, pool, model, prices, running, waiting
+POOLS = (("small", "Qwen3-0.6B", 0.044, 0.173, 2, 1), ("medium", "Qwen3-8B", 0.072, 0.287, 4, 0),
+         ("large", "Qwen3-32B", 0.287, 0.640, 8, 2))  # pool, model, prices, running and waiting per instance
+
+
+def instances(replicas: int) -> list[tuple[str, str, str, float, float, int, int]]:
+    """(id, pool, model, prices, running, waiting) of `replicas` instances per pool."""
+    return [(f"{pool}-{r}", pool, model, p_in, p_out, running, waiting)
+            for r in range(replicas) for pool, model, p_in, p_out, running, waiting in POOLS]
+
+
 SHORT_PROMPTS = (
     "Give three tips for staying healthy. Answer in 50 words.",
     "What is the capital of Australia, and why was it chosen over Sydney?",
@@ -61,13 +70,13 @@ def main() -> int:
     if args.serve_fakes:
         return _serve_fakes()
     if args.serve_floor:
-        return _serve_floor()
+        return _serve_floor(args.replicas)
     if args.publish_snapshots:
-        return _publish_snapshots(args.publish_snapshots)
+        return _publish_snapshots(args.publish_snapshots, args.replicas)
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="route-bench-")))
         redis_url = stack.enter_context(_redis_server())
-        stack.enter_context(_snapshotters(redis_url))
+        stack.enter_context(_snapshotters(redis_url, args.replicas))
         estimator, predictor, kind, neighbours = _neighbours(stack, args, tmp, redis_url)
         router = stack.enter_context(_process(["serve", "router", "--host=127.0.0.1", "--grpc-port=0",
                                                "--metrics-port=0", f"--call-streams={args.call_streams}",
@@ -76,7 +85,8 @@ def main() -> int:
                                               tmp / "router.log", tracing=args.tracing))
         prompts = _prompts(args.prompts)
         streamed = args.client_streams == "on"
-        print(f"router + {kind} on loopback, 3 instances, {os.cpu_count()} CPUs; prompts: {args.prompts} "
+        print(f"router + {kind} on loopback, {3 * args.replicas} instances, {os.cpu_count()} CPUs; "
+              f"prompts: {args.prompts} "
               f"({len(prompts)} distinct); tracing: {'SDK on, spans exported to nowhere' if args.tracing else 'off'}; "
               f"client → router: {'a stream of calls' if streamed else 'unary calls'}; "
               f"router → predictor, estimator: {'streams of calls' if args.call_streams == 'on' else 'unary calls'}")
@@ -89,7 +99,8 @@ def main() -> int:
         print(_row(args.rate, result))
         print("   mean per stage inside the router: " + _stage_means(stages_before, _stage_seconds(router))
               + " (predict and estimate run at once; record is off the path)")
-        floor = stack.enter_context(_process([], tmp / "floor.log", script="--serve-floor"))
+        floor = stack.enter_context(_process([], tmp / "floor.log",
+                                             script=["--serve-floor", f"--replicas={args.replicas}"]))
         asyncio_run(_load(floor, [], prompts, rate_rps=args.rate, seconds=2.0, streamed=streamed))  # warm-up
         baseline = asyncio_run(_load(floor, [], prompts, rate_rps=args.rate, seconds=args.seconds,
                                      streamed=streamed))
@@ -135,6 +146,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--client-streams", choices=("on", "off"), default="on",
                         help="the load generator's Route calls: over a stream of calls (default, as the asyncio "
                              "client makes them) or unary (off)")
+    parser.add_argument("--replicas", type=positive_int, default=1,
+                        help="instances per model (of Qwen3-0.6B, 8B and 32B; default 1: three instances)")
     parser.add_argument("--serve-fakes", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--serve-floor", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--publish-snapshots", metavar="REDIS_URL", help=argparse.SUPPRESS)
@@ -277,7 +290,7 @@ def _neighbours(stack: ExitStack, args: argparse.Namespace, tmp: Path, redis_url
     missing = [m for m in ("bear.estimator.main", "bear.predictor.main") if importlib.util.find_spec(m) is None]
     if args.fakes or missing:
         why = "--fakes" if args.fakes else f"{', '.join(missing)} missing"
-        fakes = stack.enter_context(_process([], tmp / "fakes.log", script="--serve-fakes"))
+        fakes = stack.enter_context(_process([], tmp / "fakes.log", script=["--serve-fakes"]))
         estimator, predictor = fakes.address.split(",")
         return estimator, predictor, f"FAKE estimator and predictor ({why})", [fakes]
     model_dir = tmp / "predictor"
@@ -310,13 +323,14 @@ class Proc:
 
 
 @contextmanager
-def _process(arguments: list[str], log: Path, *, script: str = "", tracing: bool = False) -> Iterator[Proc]:
-    """A BEAR process (or this script with `script`, its option: serving fakes or the floor), with the address it
+def _process(arguments: list[str], log: Path, *, script: Sequence[str] = (), tracing: bool = False
+             ) -> Iterator[Proc]:
+    """A BEAR process (or this script with `script`, its options: serving fakes or the floor), with the address it
     announced on its first line."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("BEAR_", "OTEL_"))}
     if not tracing:
         environ["OTEL_SDK_DISABLED"] = "true"
-    command = ([sys.executable, __file__, script] if script
+    command = ([sys.executable, __file__, *script] if script
                else [sys.executable, "-m", "bear.cli.main", *arguments])
     with log.open("w") as err:
         process = subprocess.Popen(command, env=environ, stdout=subprocess.PIPE, stderr=err, text=True)
@@ -370,11 +384,11 @@ def _redis_server() -> Iterator[str]:
 
 
 @contextmanager
-def _snapshotters(redis_url: str) -> Iterator[None]:
-    """Registrations and live snapshots of the three instances, refreshed every 100 ms by a process of their own (as
+def _snapshotters(redis_url: str, replicas: int) -> Iterator[None]:
+    """Registrations and live snapshots of the instances, refreshed every 100 ms by a process of their own (as
     snapshotters are: in this process they would take the load generator's GIL and add to the latencies it measures)."""
-    process = subprocess.Popen([sys.executable, __file__, f"--publish-snapshots={redis_url}"], stdout=subprocess.PIPE,
-                               text=True)
+    process = subprocess.Popen([sys.executable, __file__, f"--publish-snapshots={redis_url}",
+                                f"--replicas={replicas}"], stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None
         if process.stdout.readline().strip() != "publishing":
@@ -387,8 +401,8 @@ def _snapshotters(redis_url: str) -> Iterator[None]:
             process.stdout.close()
 
 
-def _publish_snapshots(redis_url: str) -> int:
-    """The snapshotters' part: registers the three instances (again every second, as a sidecar's heartbeat does)
+def _publish_snapshots(redis_url: str, replicas: int) -> int:
+    """The snapshotters' part: registers the instances (again every second, as a sidecar's heartbeat does)
     and publishes their snapshots every 100 ms until SIGTERM; prints `publishing` once the first ones are in Redis."""
     import redis
 
@@ -397,7 +411,7 @@ def _publish_snapshots(redis_url: str) -> int:
 
     client = redis.Redis.from_url(redis_url)
     snapshots, registrations = [], []
-    for instance_id, pool, model, price_in, price_out, running, waiting in INSTANCES:
+    for instance_id, pool, model, price_in, price_out, running, waiting in instances(replicas):
         registrations.append(snapshot_pb2.InstanceRegistration(
             instance_id=instance_id, pool=pool, model=model, endpoint=f"http://{instance_id}:8000",
             input_usd_per_million_tokens=price_in, output_usd_per_million_tokens=price_out))
@@ -455,7 +469,7 @@ def _serve_fakes() -> int:
         return predictor_pb2.PredictResponse(predictions=[
             predictor_pb2.ModelPrediction(model=model, accuracy=0.5 + 0.1 * k, output_tokens=200.0,
                                           prompt_tokens=tokens, cost_micro_usd=tokens * p_in + 200 * p_out)
-            for k, (_, _, model, p_in, p_out, _, _) in enumerate(INSTANCES)])
+            for k, (_, model, p_in, p_out, _, _) in enumerate(POOLS)])
 
     async def estimate(request):  # noqa: ANN001, ANN202
         return estimator_pb2.EstimateResponse(estimates=[
@@ -468,9 +482,9 @@ def _serve_fakes() -> int:
                             (predictor_pb2_grpc, "Predictor", predict, predictor_pb2.PredictResult)])
 
 
-def _serve_floor() -> int:
-    """A Route server that answers each call at once with a constant decision of three candidates (the size of the
-    router's); prints its address."""
+def _serve_floor(replicas: int) -> int:
+    """A Route server that answers each call at once with a constant decision of one candidate per instance (the size
+    of the router's); prints its address."""
     from bear.v1 import router_pb2, router_pb2_grpc
 
     candidates = [router_pb2.CandidateDecision(
@@ -478,7 +492,7 @@ def _serve_floor() -> int:
         predicted_output_tokens=200.0, prompt_tokens=20, predicted_cost_micro_usd=20 * p_in + 200 * p_out,
         utility=0.4 + 0.1 * k, ttft_known=True, predicted_ttft_ms=50.0 * (k + 1), ttft_method="replay", feasible=True,
         score=0.4 + 0.1 * k, snapshot_age_ms=20.0)
-        for k, (instance_id, _, model, p_in, p_out, _, _) in enumerate(INSTANCES)]
+        for k, (instance_id, _, model, p_in, p_out, _, _) in enumerate(instances(replicas))]
 
     async def route(request):  # noqa: ANN001, ANN202
         chosen = candidates[-1]

@@ -28,6 +28,7 @@ BAD = [
     *[("route_bench", ["--seconds", value], "--seconds") for value in ("0", "-1", "nan", "inf")],
     *[("route_bench", ["--sweep-seconds", value], "--sweep-seconds") for value in ("-1", "nan", "inf")],
     *[("route_bench", ["--p99-limit-ms", value], "--p99-limit-ms") for value in ("0", "-10", "nan", "inf")],
+    *[("route_bench", ["--replicas", value], "--replicas") for value in ("0", "-1", "1.5", "many")],
     *[("vllm_route_accuracy", ["--warmup", value], "--warmup") for value in ("0", "-3")],
     *[("vllm_route_accuracy", ["--queries", value], "--queries") for value in ("0", "-1")],
     *[("vllm_route_accuracy", ["--rate", value], "--rate") for value in ("0", "-2", "nan", "inf")],
@@ -84,6 +85,9 @@ def test_a_bad_value_is_refused_naming_the_option(scripts: dict[str, ModuleType]
 def test_good_values_are_taken(scripts: dict[str, ModuleType], tmp_path: Path) -> None:
     route = scripts["route_bench"].parse_args(["--rate", "0.5", "--sweep-seconds", "0", "--p99-limit-ms", "2.5"])
     assert (route.rate, route.sweep_seconds, route.p99_limit_ms) == (0.5, 0.0, 2.5)  # 0: no sweep
+    assert route.replicas == 1 and scripts["route_bench"].parse_args(["--replicas", "10"]).replicas == 10
+    assert [i[0] for i in scripts["route_bench"].instances(2)] == ["small-0", "medium-0", "large-0", "small-1",
+                                                                 "medium-1", "large-1"]
     replay = scripts["replay_bench"].parse_args(["--residents", "16,64", "--budgets", "2048"])
     assert (replay.residents, replay.budgets, replay.cases_per_point) == ([16, 64], [2048], 5)
     predictor = scripts["predictor_bench"]
