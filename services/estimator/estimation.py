@@ -146,6 +146,7 @@ class _Instance:
     prepared: PreparedState | None = None
     pending_decode_tokens: float = 0.0  # Σ residents' remaining output tokens in `prepared`
     prefill_backlog_tokens: int = 0  # Σ residents' remaining prefill tokens in `prepared` (eq. 8)
+    step_in_progress: InProgress | None = None  # of `snapshot`
     calibration: Calibration | None = None
     dispatches: _Dispatches = field(default_factory=_Dispatches)
 
@@ -217,6 +218,7 @@ class Estimator:
         prepared = prepare(state_from_snapshot(snapshot, lambda r: lengths[r.request_id]))
         instance.snapshot, instance.prepared = snapshot, prepared
         instance.prefill_backlog_tokens = remaining_prefill_tokens(prepared.state)
+        instance.step_in_progress = step_in_progress(snapshot)
         instance.pending_decode_tokens = float(sum(lengths.values()))
         return True
 
@@ -300,8 +302,10 @@ class Estimator:
             if d.request_id not in known and d.request_id != query.id
             and 0 < d.num_prompt_tokens < snapshot.engine.max_model_len  # vLLM rejects longer prompts at once
         )
+        in_progress = instance.step_in_progress
         return Target(instance.prepared, calibration.coefficients, query_time_s=since_taken_s,
-                      in_flight_s=in_flight_s(snapshot, calibration.coefficients), arrivals=arrivals)
+                      in_flight_s=0.0 if in_progress is None else in_progress.remaining_s(calibration.coefficients),
+                      arrivals=arrivals)
 
     def _from_replay(self, instance_id: str, calibration: Calibration, target: Target, query: Query, age: float,
                      result) -> TtftEstimate:  # noqa: ANN001 - bear.core.result.ReplayResult
@@ -416,13 +420,25 @@ def supersedes(snapshot: snapshot_pb2.InstanceSnapshot, current: snapshot_pb2.In
     return ahead_s > 0 and snapshot.sequence_number > current.sequence_number
 
 
-def in_flight_s(snapshot: snapshot_pb2.InstanceSnapshot, coefficients: BatchTimeCoefficients) -> float:
-    """How long the step executing when the snapshot was taken (async scheduling: already counted in the state) still
-    runs after `taken_at_s`, by eq. 12 on its composition. 0 when none was executing."""
+@dataclass(frozen=True, slots=True)
+class InProgress:
+    """The step executing when a snapshot was taken: its eq. 12 features (summed once per snapshot: a step holds up to
+    max_num_seqs requests, and every Estimate call asks for its remaining time) and how long it had run then."""
+
+    features: BatchFeatures
+    elapsed_s: float  # from its execution start to the snapshot's taken_at_s
+
+    def remaining_s(self, coefficients: BatchTimeCoefficients) -> float:
+        """How long it still runs after the snapshot was taken, by eq. 12 (at least 0)."""
+        return max(0.0, coefficients.time_s(self.features) - self.elapsed_s)
+
+
+def step_in_progress(snapshot: snapshot_pb2.InstanceSnapshot) -> InProgress | None:
+    """The step executing when the snapshot was taken (async scheduling: already counted in the state); None when
+    none was executing."""
     step = snapshot.step_in_progress
     if not step.entries or step.step_index >= snapshot.next_step_index or step.execution_started_at_s <= 0:
-        return 0.0
+        return None
     features = BatchFeatures.of_batch([(e.num_prefill_tokens, e.num_decode_tokens, e.num_context_tokens)
                                        for e in step.entries])
-    elapsed = snapshot.taken_at_s - step.execution_started_at_s
-    return max(0.0, coefficients.time_s(features) - elapsed)
+    return InProgress(features, snapshot.taken_at_s - step.execution_started_at_s)

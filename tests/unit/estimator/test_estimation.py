@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from bear.core.batch_time import BatchFeatures
 from bear.core.prefill_throughput import prefill_throughput_ttft_s
 from bear.core.replay import estimate, prepare
 from bear.core.state import Arrival, InvalidState, Query, ResidentRequest
@@ -164,6 +165,42 @@ def test_the_prefill_throughput_estimate_follows_each_snapshot() -> None:
         got = estimator.estimate(query, ["a"], at + 0.001)[0]
         assert got.prefill_tps_ttft_s == pytest.approx(expected)
     assert expected == pytest.approx(0.1)  # the queue gone: the query's own prompt only
+
+
+def test_the_step_in_progress_delays_the_replay_by_its_remaining_time_under_each_snapshot_and_calibration() -> None:
+    def with_step(at: float, contexts: list[int], started_ago_s: float):  # noqa: ANN202 - InstanceSnapshot
+        message = snapshot("a", at, [decoding(f"r{k}", 100, 5, placeholders=1) for k in range(len(contexts))],
+                           engine_config=engine(async_scheduling=True))
+        message.next_step_index, message.step_in_progress.step_index = 8, 7
+        message.step_in_progress.execution_started_at_s = at - started_ago_s
+        for k, context in enumerate(contexts):
+            message.step_in_progress.entries.add(request_id=f"r{k}", num_decode_tokens=1, num_context_tokens=context)
+        return message
+
+    query = Query("q", 100, 10)
+    estimator = estimator_with(with_step(NOW, [104] * 40, 0.001))
+    for at, message, coefficients in (
+            (NOW, None, COEFFICIENTS),
+            (NOW + 1, with_step(NOW + 1, [3000] * 40, 0.002), COEFFICIENTS),  # a longer step: more left of it
+            (NOW + 1, None, COEFFICIENTS.scaled(2.0)),  # a slower engine: the same step takes longer
+            (NOW + 2, snapshot("a", NOW + 2, [decoding("r0", 100, 6)], engine_config=engine(async_scheduling=True)),
+             COEFFICIENTS)):  # none executing
+        if message is not None:
+            assert estimator.update_snapshot(message, at)
+        estimator.set_calibration("a", Calibration(coefficients))
+        current = estimator.snapshot("a")
+        assert current is not None
+        step = current.step_in_progress
+        left = 0.0
+        if step.entries:
+            features = BatchFeatures.of_batch((e.num_prefill_tokens, e.num_decode_tokens, e.num_context_tokens)
+                                              for e in step.entries)
+            left = max(0.0, coefficients.time_s(features) - (current.taken_at_s - step.execution_started_at_s))
+        expected = estimate(prepare(state_from_snapshot(current, lambda r: 79)), query, coefficients,
+                            query_time_s=0.0005, in_flight_s=left)
+        got = estimator.estimate(query, ["a"], at + 0.0005)[0]
+        assert got.ttft_s == pytest.approx(expected.ttft_s) and got.num_batches == expected.num_batches
+        assert (left > 0) == bool(step.entries)
 
 
 def test_instances_come_and_go() -> None:
