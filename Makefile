@@ -72,6 +72,12 @@ bench-route:
 bench-estimator-feed:
 	$(VENV)/bin/python benchmarks/estimator_feed_bench.py
 
+# The estimator's time per Estimate for 3, 10 and 30 busy instances of 8, 64 and 256 residents, next to the compiled
+# replay alone (prints a table).
+.PHONY: bench-estimate
+bench-estimate:
+	$(VENV)/bin/python benchmarks/estimate_bench.py
+
 # Snapshot plugin cost per engine step, by number of residents (prints a table).
 .PHONY: bench-snapshotter
 bench-snapshotter:
