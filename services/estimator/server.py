@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable
 
 import grpc
+import prometheus_client
 
 from bear.common.call_streams import CallFailed, CallStreamServer, answer_unary
 from bear.estimator import metrics
-from bear.estimator.estimation import Estimator
+from bear.estimator.estimation import Estimator, Method
 from bear.estimator.wire import InstanceFacts, InvalidRequest, estimate_call, instance_estimate
 from bear.v1 import estimator_pb2, estimator_pb2_grpc, router_pb2
 
@@ -34,6 +36,7 @@ class EstimatorServicer(estimator_pb2_grpc.EstimatorServicer):
         self._clock = clock
         self._record_dispatch = record_dispatch
         self._query_numbers = itertools.count()
+        self._by_method: dict[Method, prometheus_client.Counter] = {}
         self.streams = CallStreamServer(self._answer, estimator_pb2.EstimateResult,  # .close() at shutdown
                                         f"/{SERVICE_NAME}/EstimateStream")
 
@@ -57,12 +60,19 @@ class EstimatorServicer(estimator_pb2_grpc.EstimatorServicer):
         estimator = self._estimator
         ids = call.instance_ids or tuple(estimator.instance_ids())
         estimates = estimator.estimate(call.query, ids, self._clock(), call.horizon_s)
-        reply = estimator_pb2.EstimateResponse()
-        for estimate in estimates:
-            reply.estimates.append(instance_estimate(estimate, self._facts(estimate.instance_id)))
-            metrics.ESTIMATES.labels(method=str(estimate.method)).inc()
+        reply = estimator_pb2.EstimateResponse(
+            estimates=[instance_estimate(estimate, self._facts(estimate.instance_id)) for estimate in estimates])
+        for method, count in Counter(estimate.method for estimate in estimates).items():
+            self._counted(method).inc(count)
         metrics.ESTIMATE_SECONDS.observe(time.perf_counter() - started)
         return reply
+
+    def _counted(self, method: Method) -> prometheus_client.Counter:
+        """The estimates counter of `method` (its labelled child looked up once, not once per instance and call)."""
+        counter = self._by_method.get(method)
+        if counter is None:
+            counter = self._by_method[method] = metrics.ESTIMATES.labels(method=str(method))
+        return counter
 
     def _record_all(self, records: Iterable[router_pb2.DispatchRecord]) -> None:
         assert self._record_dispatch is not None

@@ -19,6 +19,7 @@ import pytest
 import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from prometheus_client import REGISTRY
 
 from bear.common.redis_config import RedisConfig
 from bear.core.batch_time import BatchFeatures, BatchTimeCoefficients
@@ -295,7 +296,9 @@ def test_instances_without_a_snapshot_or_unknown_are_none(estimator: RunningEsti
     publishers.client.set("bear:instance:idle", registration("idle").SerializeToString())
     publishers.client.zadd("bear:instances", {"idle": clock()})
     wait_until(lambda: estimator.service.estimator.knows("idle"))
+    counted_before = REGISTRY.get_sample_value("bear_estimator_estimates_total", {"method": "none"}) or 0.0
     got = estimator.estimate(100, 10.0, ("idle", "nowhere"))
+    assert REGISTRY.get_sample_value("bear_estimator_estimates_total", {"method": "none"}) == counted_before + 2
     assert got["idle"].method == estimator_pb2.ESTIMATE_METHOD_NONE and not got["idle"].known
     assert got["idle"].reason == "no snapshot, no LPS parameters"
     assert got["nowhere"].method == estimator_pb2.ESTIMATE_METHOD_NONE and got["nowhere"].reason == "unknown instance"
