@@ -54,7 +54,8 @@ class RedisStore:
         self._epoch: bytes | None = None  # bear:present as last read
         self._down_until = 0.0  # monotonic time before which Redis is not called
         self._succeeded = False  # a call has succeeded (the connection is open)
-        self._trimmed_at: dict[str, float] = {}
+        self._trimmed_at: dict[str, float] = {}  # by instance id: when its dispatches set was last trimmed
+        self._forgotten_at = float("-inf")  # the last pass of _forget_expired
         self._undecodable = LogThrottle()  # by Redis key
 
     async def record_dispatches(self, records: Sequence[DispatchRecord]) -> None:
@@ -72,8 +73,18 @@ class RedisStore:
                     pipe.expire(per_instance, int(ttl_s + TRIM_INTERVAL_S) + 1)
                     self._trimmed_at[record.instance_id] = record.dispatched_at_s
             await pipe.execute()
+            self._forget_expired(max((r.dispatched_at_s for r in records), default=0.0) - ttl_s - TRIM_INTERVAL_S)
 
         await self._call("record", write)
+
+    def _forget_expired(self, before_s: float) -> None:
+        """Forgets the instances not trimmed since `before_s`: their sets have expired with their last entries (pods
+        replaced long ago), and a dispatch to one trims it anew. Otherwise: an entry per pod ever routed to."""
+        if before_s - self._forgotten_at < TRIM_INTERVAL_S:
+            return  # at most once a second: a pass over every instance
+        self._forgotten_at = before_s
+        for instance_id in [i for i, at in self._trimmed_at.items() if at < before_s]:
+            del self._trimmed_at[instance_id]
 
     async def dispatch(self, request_id: str) -> DispatchRecord | None:
         key = redis_keys.dispatch_key(request_id)

@@ -9,6 +9,8 @@ import pytest
 import redis
 import redis.asyncio
 
+from bear.common import redis_keys
+from bear.router.decision import DispatchRecord
 from bear.router.store import RedisStore
 from tests.redis_server import RedisServer, running_redis
 from tests.router_fakes import THREE_INSTANCES, register_instances
@@ -47,3 +49,38 @@ def test_every_router_sharing_a_redis_sees_it_come_back_empty(redis_server: Redi
     finally:
         sync.close()
     assert rounds == [[True] * 3, [False] * 3, [True] * 3, [False] * 3, [True] * 3, [False] * 3]
+
+
+def _dispatch(request_id: str, instance_id: str, at_s: float) -> DispatchRecord:
+    return DispatchRecord(request_id, instance_id, "m", at_s, prompt_tokens=10, predicted_output_tokens=20.0,
+                          predicted_ttft_ms=30.0, ttft_slo_ms=500.0)
+
+
+def test_dispatch_sets_are_trimmed_and_pods_long_gone_are_forgotten(redis_server: RedisServer) -> None:
+    """Each instance's dispatch set loses its entries past the TTL (at most once a second per instance) and expires
+    with its last one; the store remembers when it trimmed an instance only while that set can exist, not for every
+    pod ever routed to."""
+    sync = redis.Redis.from_url(redis_server.url)
+    ttl_s = redis_keys.DISPATCH_TTL_S
+    start = 1_000_000.0
+
+    async def scenario() -> RedisStore:
+        client = redis.asyncio.Redis.from_url(redis_server.url)
+        store = RedisStore(client, timeout_s=2.0)
+        await store.record_dispatches([_dispatch("old", "pod-a", start)])
+        # the next dispatch to pod-a trims the entries past the TTL; one within a second of a trim does not
+        await store.record_dispatches([_dispatch("new", "pod-a", start + ttl_s + 5)])
+        await store.record_dispatches([_dispatch("late", "pod-a", start + ttl_s + 5.5)])
+        # pod-a and pod-b receive nothing more: once their sets are gone, the store forgets them too
+        await store.record_dispatches([_dispatch("b", "pod-b", start + ttl_s + 6)])
+        await store.record_dispatches([_dispatch("c", "pod-c", start + 3 * ttl_s)])
+        await client.aclose()
+        return store
+
+    try:
+        store = asyncio.run(scenario())
+        assert [m.decode() for m in sync.zrange(redis_keys.dispatches_key("pod-a"), 0, -1)] == ["new", "late"]
+        assert 0 < sync.ttl(redis_keys.dispatches_key("pod-a")) <= ttl_s + 2
+        assert sorted(store._trimmed_at) == ["pod-c"]
+    finally:
+        sync.close()
