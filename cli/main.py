@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from bear.cli import (demo_command, eval_command, predictor_command, replay_command, serve_command,
                       snapshotter_command)
@@ -13,8 +14,18 @@ from bear.cli import (demo_command, eval_command, predictor_command, replay_comm
 SUBCOMMANDS = (demo_command, replay_command, predictor_command, snapshotter_command, eval_command, serve_command)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Flags by their whole names only (argparse would take `--grpc` for `--grpc-port`): a flag's meaning does not
+    change when another one is added, and the Helm chart can tell which flags its values already set. Every
+    subcommand's parser is one (argparse gives sub-parsers their parent's class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bear", description="BEAR: latency-aware query routing over vLLM pools")
+    parser = _Parser(prog="bear", description="BEAR: latency-aware query routing over vLLM pools")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in SUBCOMMANDS:
         module.add_parser(commands)

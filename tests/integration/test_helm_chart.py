@@ -84,7 +84,15 @@ GOOD_CASES: dict[str, tuple[list[str], dict[str, Any]]] = {
     "images-pinned-by-digest": ([], {"image": {"digest": DIGEST_A}, "vllm": {"image": {"digest": DIGEST_B}},
                                     "redis": {"image": {"digest": DIGEST_A}},
                                     "pools": [_pool(name="same"), _pool(name="own", image={"repository": "r/own"}),
-                                              _pool(name="pinned", image={"repository": "r/pin", "digest": DIGEST_A})]}),
+                                              _pool(name="pinned", image={"repository": "r/pin", "digest": DIGEST_A}),
+                                              _pool(name="own-tag", image={"tag": "0.2.0-rc1"})]}),
+    "pipeline-parallel": ([], {"vllm": {"extraArgs": ["--pipeline-parallel-size", "2"]}, "pools": [
+        _pool(name="a", gpusPerReplica=8, tensorParallelSize=4), _pool(name="b", gpusPerReplica=2),
+        _pool(name="cpu", gpusPerReplica=0)]}),
+    "pipeline-parallel-short-flag": ([], {"vllm": {"extraArgs": ["-pp=4"]}, "pools": [
+        _pool(name="a", gpusPerReplica=8, tensorParallelSize=2)]}),
+    "service-extra-args": ([], {"router": {"extraArgs": ["--call-streams=off"]},
+                                "estimator": {"extraArgs": ["--config", "/etc/bear/estimator.yaml"]}}),
 }
 # name → (release, namespace) where a case needs its own (others use RELEASE and NAMESPACE)
 RELEASE_AND_NAMESPACE = {"names-that-look-like-scalars": ("123", "2024"),
@@ -127,6 +135,8 @@ SCHEMA_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
     "redis-timeout-over-an-hour": ({"redis": {"timeoutSeconds": 7200}}, "/redis/timeoutSeconds"),
     "snapshotter-poll-over-a-minute": ({"vllm": {"snapshotter": {"pollIntervalMs": 120000}}},
                                        "/vllm/snapshotter/pollIntervalMs"),
+    "snapshot-age-over-an-hour": ({"estimator": {"maxSnapshotAgeSeconds": 7200}}, "/estimator/maxSnapshotAgeSeconds"),
+    "redis-on-a-unix-socket": ({"redis": {"enabled": False, "url": "unix:///run/redis.sock"}}, "/redis/url"),
 }
 # name → (values, what the error must say); refused by the templates' own checks
 TEMPLATE_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
@@ -148,8 +158,6 @@ TEMPLATE_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
         "enabled": True, "certKey": "tls.crt", "keyKey": "tls.key"}}}, "keys of redis.tls.existingSecret"),
     "client-key-without-cert": ({"redis": {"enabled": False, "url": "rediss://r:6380", "tls": {
         "enabled": True, "existingSecret": "s", "keyKey": "tls.key"}}}, "redis.tls.certKey and redis.tls.keyKey go"),
-    "tls-over-a-unix-socket": ({"redis": {"enabled": False, "url": "unix:///run/redis.sock", "tls": {"enabled": True}}},
-                               "redis.tls.enabled does not apply to the unix:// socket"),
     "release-name-starting-with-a-digit": ({}, "Service names must start with a letter: set fullnameOverride"),
     "release-name-with-a-dot": ({}, "Service names take only lower-case letters, digits and '-'"),
     "tls-secret-for-a-plain-redis-url": ({"redis": {"enabled": False, "url": "redis://redis.data:6380/0", "tls": {
@@ -162,6 +170,22 @@ TEMPLATE_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
     "extra-args-engine-setting": ({"pools": [_pool(engine={"maxNumSeqs": 64})],
                                    "vllm": {"extraArgs": ["--max_num_seqs", "128"]}},
                                   "vllm.extraArgs: --max_num_seqs is a flag the chart sets for pools[p]"),
+    "gpus-left-idle": ({"pools": [_pool(gpusPerReplica=8, tensorParallelSize=4)]},
+                       "pools[p]: gpusPerReplica (8) is not tensorParallelSize (4) x the pipeline-parallel size of "
+                       "vllm.extraArgs (1): vLLM would use 4 GPUs"),
+    "gpus-short-of-the-pipeline": ({"vllm": {"extraArgs": ["--pipeline_parallel_size=2"]}, "pools": [_pool()]},
+                                   "gpusPerReplica (1) is not tensorParallelSize (1) x the pipeline-parallel size of "
+                                   "vllm.extraArgs (2)"),
+    "extra-args-flag-and-value-in-one-item": ({"vllm": {"extraArgs": ["--max-num-seqs 32"]}},
+                                              'vllm.extraArgs: "--max-num-seqs 32" is a flag and its value in one'),
+    "router-extra-args-port": ({"router": {"extraArgs": ["--grpc-port=9000"]}},
+                               "router.extraArgs: --grpc-port=9000 is a flag the chart sets for the router"),
+    "estimator-extra-args-redis": ({"estimator": {"extraArgs": ["--redis-url", "redis://other:6379"]}},
+                                   "estimator.extraArgs: --redis-url is a flag the chart sets for the estimator"),
+    "predictor-extra-args-model-dir": ({"predictor": {"extraArgs": ["--model_dir=/tmp/m"]}},
+                                       "predictor.extraArgs: --model_dir=/tmp/m is a flag the chart sets"),
+    "service-extra-args-flag-and-value-in-one-item": ({"router": {"extraArgs": ["--call-streams off"]}},
+                                                      'router.extraArgs: "--call-streams off" is a flag and its'),
     "snapshot-age-within-the-idle-refresh": ({"estimator": {"maxSnapshotAgeSeconds": 0.5}},
                                              "estimator.maxSnapshotAgeSeconds (0.5) must exceed"),
     "snapshot-age-within-a-longer-idle-refresh": ({"estimator": {"maxSnapshotAgeSeconds": 1.0}, "vllm": {
@@ -657,6 +681,8 @@ def test_a_digest_pins_the_image_it_was_given_for_and_no_other(reports: dict[str
     assert container(pools["same"], "vllm")["image"] == f"ghcr.io/bear-router/vllm-bear@{DIGEST_B}"
     assert container(pools["own"], "vllm")["image"] == "r/own:0.1.0"  # another repository: not vllm.image's digest
     assert container(pools["pinned"], "vllm")["image"] == f"r/pin@{DIGEST_A}"
+    # its own tag: not vllm.image's digest either (it would pin another image than the tag names)
+    assert container(pools["own-tag"], "vllm")["image"] == "ghcr.io/bear-router/vllm-bear:0.2.0-rc1"
     assert container(pools["same"], "snapshotter")["image"] == f"ghcr.io/bear-router/bear@{DIGEST_A}"
     for name in ("router", "estimator"):
         assert container(component(report, "Deployment", name), name)["image"] == f"ghcr.io/bear-router/bear@{DIGEST_A}"
@@ -665,6 +691,16 @@ def test_a_digest_pins_the_image_it_was_given_for_and_no_other(reports: dict[str
         "ghcr.io/bear-router/bear-predictor:0.1.0"
     (redis,) = of_kind(report, "StatefulSet").values()
     assert redis["spec"]["template"]["spec"]["containers"][0]["image"] == f"redis@{DIGEST_A}"
+
+
+def test_a_pod_gets_the_gpus_of_its_tensor_and_pipeline_parallelism(reports: dict[str, Any]) -> None:
+    for case, expected in (("pipeline-parallel", {"a": (8, "4"), "b": (2, "1"), "cpu": (None, None)}),
+                           ("pipeline-parallel-short-flag", {"a": (8, "2")})):
+        for pool, (gpus, tensor_parallel) in expected.items():
+            vllm = container(engines(reports[case])[pool], "vllm")
+            assert vllm.get("resources", {}).get("limits", {}).get("nvidia.com/gpu") == gpus, (case, pool)
+            if tensor_parallel is not None:
+                assert flag(vllm["args"], "--tensor-parallel-size") == tensor_parallel, (case, pool)
 
 
 def test_the_predictor_artifact_can_be_baked_into_an_image(reports: dict[str, Any]) -> None:
@@ -699,11 +735,11 @@ def test_the_services_are_started_with_arguments_the_cli_accepts(reports: dict[s
     parser = build_parser()
     commands = next(a for a in parser._actions if a.dest == "command").choices  # noqa: SLF001 (argparse's only way)
     assert "serve" in commands
-    report = reports["example-paper-pools"]
-    for workload in of_kind(report, "Deployment").values():
-        for c in workload["spec"]["template"]["spec"]["containers"]:
-            if c["name"] != "vllm":
-                parser.parse_args(c["args"])
+    for case in ("example-paper-pools", "service-extra-args"):
+        for workload in of_kind(reports[case], "Deployment").values():
+            for c in workload["spec"]["template"]["spec"]["containers"]:
+                if c["name"] != "vllm":
+                    parser.parse_args(c["args"])
 
 
 def test_an_artifact_in_a_configmap_is_mounted_where_the_predictor_reads_it(reports: dict[str, Any]) -> None:

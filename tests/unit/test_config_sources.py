@@ -129,3 +129,16 @@ def test_the_snapshotters_text_flags_given_empty_are_refused(flag: str, capsys: 
     with pytest.raises(SystemExit):
         parser.parse_args([flag, ""])
     assert f"argument {flag}: empty value" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["serve", "router", "--grpc", "9000"], ["serve", "estimator", "--redis", "x"],
+                                  ["demo", "--dur", "5"]])
+def test_flags_are_taken_by_their_whole_names_only(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse would take `--grpc` for `--grpc-port`: the Helm chart could not tell that an extra argument sets a
+    flag it sets itself, and a new flag could change what an old abbreviation meant."""
+    from bear.cli.main import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(argv)
+    assert exit_.value.code == 2
+    assert f"unrecognized arguments: {argv[-2]}" in capsys.readouterr().err

@@ -91,11 +91,11 @@ BEAR image's digest: that pins another image. */}}
 {{- end -}}
 
 {{/* A pool's vLLM image (a YAML map: read it with fromYaml): the pool's `image` over vllm.image; a pool that names
-its own repository takes no digest from vllm.image (it pins another image). (dict "root" $ "pool" $pool) */}}
+its own repository or tag takes no digest from vllm.image (it pins another image). (dict "root" $ "pool" $pool) */}}
 {{- define "bear.poolImage" -}}
 {{- $over := default (dict) .pool.image -}}
 {{- $base := deepCopy .root.Values.vllm.image -}}
-{{- if $over.repository -}}
+{{- if or $over.repository $over.tag -}}
 {{- $base = omit $base "digest" -}}
 {{- end -}}
 {{- toYaml (mergeOverwrite $base (deepCopy $over)) -}}
@@ -300,6 +300,7 @@ whose vLLM metrics are to be scraped instead). (dict "root" $ "port" 9464 "extra
 {{- fail "rbac.create would let the namespace's default service account, which every pod without one uses, read pods: with serviceAccount.create=false, set serviceAccount.name to the account the router and the estimator run as" -}}
 {{- end -}}
 {{- include "bear.validateSnapshotAge" . -}}
+{{- $pipelineParallel := int (include "bear.pipelineParallelSize" .Values.vllm.extraArgs) -}}
 {{- $names := list -}}
 {{- range .Values.pools -}}
 {{- if has .name $names -}}
@@ -315,6 +316,13 @@ whose vLLM metrics are to be scraped instead). (dict "root" $ "port" 9464 "extra
 {{- if and (gt $gpus 0) (ne (mod $gpus $tensorParallel) 0) -}}
 {{- fail (printf "pools[%s]: tensorParallelSize (%v) does not divide gpusPerReplica (%v)" .name .tensorParallelSize .gpusPerReplica) -}}
 {{- end -}}
+{{- $used := mul $tensorParallel $pipelineParallel -}}
+{{- if and (gt $gpus 0) (ne $gpus (int $used)) -}}
+{{- fail (printf "pools[%s]: gpusPerReplica (%v) is not tensorParallelSize (%v) x the pipeline-parallel size of vllm.extraArgs (%v): vLLM would use %v GPUs of each pod and leave the others idle" .name .gpusPerReplica $tensorParallel $pipelineParallel $used) -}}
+{{- end -}}
+{{- end -}}
+{{- range $component := list "router" "estimator" "predictor" -}}
+{{- include "bear.validateServiceArgs" (dict "component" $component "args" (index $.Values $component).extraArgs) -}}
 {{- end -}}
 {{- $enginePorts := dict "vllm.port" .Values.vllm.port "vllm.snapshotter.grpcPort" .Values.vllm.snapshotter.grpcPort
   "metrics.snapshotterPort" .Values.metrics.snapshotterPort -}}
@@ -336,9 +344,6 @@ whose vLLM metrics are to be scraped instead). (dict "root" $ "port" 9464 "extra
 {{- $tls := $redis.tls -}}
 {{- if and $redis.enabled $tls.enabled -}}
 {{- fail "redis.tls applies to an external Redis: set redis.enabled=false and redis.url" -}}
-{{- end -}}
-{{- if and (not $redis.enabled) $tls.enabled (hasPrefix "unix://" $redis.url) -}}
-{{- fail (printf "redis.tls.enabled does not apply to the unix:// socket of redis.url (%s)" $redis.url) -}}
 {{- end -}}
 {{- if ne (empty $tls.certKey) (empty $tls.keyKey) -}}
 {{- fail "redis.tls.certKey and redis.tls.keyKey go together (the client certificate and its key)" -}}
@@ -363,11 +368,58 @@ $.Values.vllm.extraArgs) */}}
 {{- end -}}
 {{- end -}}
 {{- range .args -}}
+{{- include "bear.checkArgShape" (dict "field" "vllm.extraArgs" "arg" .) -}}
 {{- $flag := regexReplaceAll "_" (first (splitList "=" (toString .))) "-" -}}
 {{- if has $flag $owned -}}
 {{- fail (printf "vllm.extraArgs: %s is a flag the chart sets for pools[%s]; set it through the values instead (the pool's engine settings, tensorParallelSize, servedModelName, vllm.port, vllm.asyncScheduling)" (toString .) $.pool.name) -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+
+{{/* Flags of `bear serve <component>` the chart sets itself, as arguments or through the environment, which its
+extraArgs must not set again (a flag wins over the environment: the Service, the probes and the other components
+would say otherwise): (dict "component" "router" "args" $.Values.router.extraArgs) */}}
+{{- define "bear.validateServiceArgs" -}}
+{{- $owned := dict
+  "router" (list "--host" "--grpc-port" "--metrics-port" "--redis-url" "--estimator-address" "--predictor-address" "--default-policy" "--pools-file")
+  "estimator" (list "--host" "--grpc-port" "--metrics-port" "--redis-url" "--max-snapshot-age-s" "--predictor-address" "--pools-file")
+  "predictor" (list "--host" "--grpc-port" "--metrics-port" "--model-dir") -}}
+{{- $field := printf "%s.extraArgs" .component -}}
+{{- range .args -}}
+{{- include "bear.checkArgShape" (dict "field" $field "arg" .) -}}
+{{- $flag := regexReplaceAll "_" (first (splitList "=" (toString .))) "-" -}}
+{{- if has $flag (index $owned $.component) -}}
+{{- fail (printf "%s: %s is a flag the chart sets for the %s from its values (the ports, Redis, the other components' addresses, the pools file, ...); set it through the values instead" $field (toString .) $.component) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* One argument of a container: a flag and its value written as one item ("--max-model-len 32768") reaches the
+program as a single unknown flag: (dict "field" "vllm.extraArgs" "arg" $arg) */}}
+{{- define "bear.checkArgShape" -}}
+{{- $arg := toString .arg -}}
+{{- if and (hasPrefix "-" $arg) (contains " " (first (splitList "=" $arg))) -}}
+{{- fail (printf "%s: %q is a flag and its value in one item; write them as two items or as --flag=value" .field $arg) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* vLLM's --pipeline-parallel-size (-pp) as vllm.extraArgs sets it for every pool, 1 where it does not: the GPUs
+of a pool's pod are its tensorParallelSize times this. Takes vllm.extraArgs. */}}
+{{- define "bear.pipelineParallelSize" -}}
+{{- $size := 1 -}}
+{{- $args := . -}}
+{{- range $i, $arg := $args -}}
+{{- $parts := splitList "=" (toString $arg) -}}
+{{- $flag := regexReplaceAll "_" (first $parts) "-" -}}
+{{- if has $flag (list "--pipeline-parallel-size" "-pp") -}}
+{{- if gt (len $parts) 1 -}}
+{{- $size = int (index $parts 1) -}}
+{{- else if lt (add1 $i) (len $args) -}}
+{{- $size = int (index $args (add1 $i)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- max $size 1 -}}
 {{- end -}}
 
 {{/* The estimator's age limit must exceed the interval at which the snapshotters republish an idle engine's state
