@@ -22,7 +22,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "OnTimeUtility, SLO attainment, routing mix and Route latency. The first run also trains the predictor on "
         "the synthetic evaluation table (cached).")
     parser.add_argument("--duration", type=_seconds, default=60.0, metavar="SECONDS",
-                        help="seconds of traffic, warm-up included, shared equally by the policies (default 60)")
+                        help="seconds of traffic, warm-up included, shared equally by the policies (default 60, "
+                             "at most a day)")
     parser.add_argument("--rate", type=_rate, default=20.0, metavar="QPS",
                         help="Poisson arrival rate, queries per second (default 20; the pool saturates near 40)")
     parser.add_argument("--policies", default="bear,score,routebalance",
@@ -107,9 +108,13 @@ def _folder_problem(flag: str, given: Path, folder: Path) -> str | None:
 
 
 def _seconds(text: str) -> float:
+    from bear.demo.runner import MAX_DURATION_S  # the run's own limit (imported when the demo runs anyway)
+
     value = positive_number(text)
     if value < 10:
         raise argparse.ArgumentTypeError(f"must be at least 10 seconds (warm-up and one turn per policy), got {text}")
+    if value > MAX_DURATION_S:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_DURATION_S:g} seconds (a day), got {text}")
     return value
 
 

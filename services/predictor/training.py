@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     import lightgbm
 
 MIN_ROWS_PER_MODEL = 20
+MAX_TREES = 10_000  # per LightGBM model: each tree is evaluated on every prediction, on the Route path
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +57,8 @@ class TrainingConfig:
     num_threads: int = 1  # training threads: one is fastest at these sizes, and makes the result machine-independent
 
     def __post_init__(self) -> None:
-        if self.num_trees < 1 or self.num_leaves < 2 or self.min_data_in_leaf < 1:
-            raise ValueError("num_trees >= 1, num_leaves >= 2 and min_data_in_leaf >= 1 are required")
+        if not 1 <= self.num_trees <= MAX_TREES or self.num_leaves < 2 or self.min_data_in_leaf < 1:
+            raise ValueError(f"num_trees in [1, {MAX_TREES}], num_leaves >= 2 and min_data_in_leaf >= 1 are required")
         if not (self.learning_rate > 0 and 0 < self.feature_fraction <= 1 and self.huber_delta > 0):
             raise ValueError("learning_rate > 0, feature_fraction in (0, 1] and huber_delta > 0 are required")
         if self.num_folds < 2 or self.length_quantiles < 8 or not 0 < self.tail_fraction < 0.5:

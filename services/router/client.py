@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from types import TracebackType
 
 import grpc
@@ -85,12 +85,18 @@ def route_request(*, prompt: str | None, prompt_tokens: int | None, ttft_slo_ms:
         raise ValueError(f"prompt_tokens must be a number of tokens, got {prompt_tokens!r}")
     if isinstance(allowed_models, str):
         raise ValueError(f"allowed_models is a sequence of model names, got the string {allowed_models!r}")
+    models = list(allowed_models) if isinstance(allowed_models, Iterable) else None  # a generator is read once
+    if models is None or not all(isinstance(m, str) for m in models):
+        raise ValueError(f"allowed_models must be a sequence of model names, got {allowed_models!r}")
+    _require_text("prompt", prompt)
+    _require_text("policy", policy)
+    _require_text("request_id", request_id)
     _require_number("ttft_slo_ms", ttft_slo_ms)
     for name, value in (("lambda_per_micro_usd", lambda_per_micro_usd), ("delta_per_s", delta_per_s)):
         if value is not None:
             _require_number(name, value)
     request = router_pb2.RouteRequest(request_id=request_id, ttft_slo_ms=ttft_slo_ms, policy=policy,
-                                      allowed_models=list(allowed_models))
+                                      allowed_models=models)
     if prompt is not None:
         request.prompt = prompt
     else:
@@ -104,6 +110,7 @@ def route_request(*, prompt: str | None, prompt_tokens: int | None, ttft_slo_ms:
 
 def outcome_report(request_id: str, observed_ttft_ms: float, output_tokens: int,
                    observed_e2e_ms: float) -> router_pb2.OutcomeReport:
+    _require_text("request_id", request_id)
     if not _is_integer(output_tokens) or not 0 <= output_tokens < 1 << 32:
         raise ValueError(f"output_tokens must be a number of tokens >= 0, got {output_tokens!r}")
     _require_number("observed_ttft_ms", observed_ttft_ms)
@@ -114,6 +121,12 @@ def outcome_report(request_id: str, observed_ttft_ms: float, output_tokens: int,
 
 def _is_integer(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _require_text(name: str, value: object) -> None:
+    """A string field (protobuf would raise TypeError naming no field)."""
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{name} must be a string, got {value!r}")
 
 
 def _require_number(name: str, value: object) -> None:
@@ -156,10 +169,10 @@ class RouterClient:
                  timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         if (address is None) == (channel is None):
             raise ValueError("give either address or channel")
+        self._timeout_s = deadline_s(timeout_s, DEFAULT_TIMEOUT_S)  # before a channel is opened: none to leak
         self._own = channel is None
         self._channel = channel or grpc.insecure_channel(address, options=CHANNEL_OPTIONS)  # type: ignore[arg-type]
         self._stub = router_pb2_grpc.RouterStub(self._channel)
-        self._timeout_s = deadline_s(timeout_s, DEFAULT_TIMEOUT_S)
         self._closed = False
 
     def route(self, prompt: str | None = None, *, ttft_slo_ms: float, prompt_tokens: int | None = None,
@@ -224,13 +237,13 @@ class AsyncRouterClient:
         except RuntimeError:
             raise RuntimeError("AsyncRouterClient must be created inside the event loop that uses it (in a "
                                "coroutine); RouterClient is the blocking client") from None
+        self._timeout_s = deadline_s(timeout_s, DEFAULT_TIMEOUT_S)  # before a channel is opened: none to leak
         self._own = channel is None
         self._channel = channel or grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)  # type: ignore[arg-type]
         self._stub = router_pb2_grpc.RouterStub(self._channel)
         stream = CallStream(self._channel, ROUTE_STREAM, router_pb2.RouteCall, router_pb2.RouteResult) if streamed \
             else None
         self._route = StreamedMethod(self._stub.Route, stream)
-        self._timeout_s = deadline_s(timeout_s, DEFAULT_TIMEOUT_S)
         self._is_closed = False
 
     async def route(self, prompt: str | None = None, *, ttft_slo_ms: float, prompt_tokens: int | None = None,

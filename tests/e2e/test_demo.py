@@ -48,6 +48,8 @@ def test_demo_routes_a_workload_with_three_policies(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--duration", "5"], "--duration"),
+    (["--duration", "1e308"], "--duration: must be at most 86400 seconds"),  # the workload is drawn beforehand
+    (["--duration", "86400", "--rate", "1000"], "rate x duration must be at most 2,000,000 queries"),
     (["--rate", "-1"], "--rate"),
     (["--rate", "nan"], "--rate"),
     (["--policies", "bear,no-such-policy"], "no-such-policy"),

@@ -65,6 +65,12 @@ def test_a_host_that_is_not_known_names_host(loop: LoopThread) -> None:
         loop.run(start_server(ServerSettings("bear-test", "bad_host", 0, None), _nothing))
 
 
+def test_an_ipv6_host_without_brackets_is_told_to_use_them(loop: LoopThread) -> None:
+    with pytest.raises(ServiceStartError, match=r"--host ::1: cannot listen on ::1:0: write an IPv6 address in "
+                                                r"brackets, e\.g\. \[::1\]"):
+        loop.run(start_server(ServerSettings("bear-test", "::1", 0, None), _nothing))
+
+
 def test_metrics_listen_on_the_services_host_only() -> None:
     from bear.common.service import start_metrics
 

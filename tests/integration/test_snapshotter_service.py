@@ -20,7 +20,7 @@ from bear.common.redis_config import RedisConfig
 from bear.core.batch_time import BatchFeatures, BatchTimeCoefficients
 from bear.snapshotter import main
 from bear.snapshotter.config import SnapshotterConfig
-from bear.snapshotter.server import SERVICE_NAME
+from bear.snapshotter.server import MAX_WORKERS, RESERVED_WORKERS, SERVICE_NAME, WATCH_POLL_S
 from bear.v1 import calibration_pb2, snapshot_pb2, snapshotter_pb2, snapshotter_pb2_grpc
 from tests.http_health import HealthServer
 from tests.redis_server import RedisServer
@@ -177,6 +177,57 @@ def test_watchers_get_every_new_snapshot_and_the_pub_sub_channel_announces_them(
             announced.append(snapshot_pb2.InstanceSnapshot.FromString(message["data"]))
     subscription.close()
     assert announced and announced[-1].running[0].num_output_tokens == 4
+
+
+def test_watch_streams_never_take_the_threads_of_health_checks_and_unary_calls(sidecar: Sidecar, region: str) -> None:
+    """Each WatchSnapshots stream holds a server thread: past MAX_WORKERS - RESERVED_WORKERS of them a new one is
+    refused, the readiness probe's health check and GetSnapshot still answer at once, and a stream whose client left
+    in the middle of a long interval gives its thread back within WATCH_POLL_S."""
+    engine = FakeEngine(region, small_capacities())
+    engine.write_state([decoding("a")])
+    wait_until(sidecar.snapshot)
+    with pytest.raises(grpc.RpcError) as refused:
+        next(sidecar.stub.WatchSnapshots(snapshotter_pb2.WatchSnapshotsRequest(min_interval_ms=4_294_967_295),
+                                         timeout=5))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "min_interval_ms must be at most 60000" in (refused.value.details() or "")
+
+    allowed = MAX_WORKERS - RESERVED_WORKERS
+    streams = [sidecar.stub.WatchSnapshots(snapshotter_pb2.WatchSnapshotsRequest(min_interval_ms=60_000), timeout=30)
+               for _ in range(allowed)]
+    for stream in streams:
+        next(stream)  # the first snapshot at once; the next not before a minute
+    with pytest.raises(grpc.RpcError) as full:
+        next(sidecar.stub.WatchSnapshots(snapshotter_pb2.WatchSnapshotsRequest(), timeout=5))
+    assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    engine.write_state([decoding("a", outputs=3)])  # the streams now wait out their interval
+    started = time.monotonic()
+    assert sidecar.serving() and sidecar.snapshot() is not None
+    assert time.monotonic() - started < 1.0
+    for stream in streams:
+        stream.cancel()
+    fresh = wait_until(lambda: _watch_once(sidecar), timeout_s=2 * WATCH_POLL_S + 1.0)
+    assert fresh.running[0].num_output_tokens == 3
+
+
+def _watch_once(sidecar: Sidecar) -> snapshot_pb2.InstanceSnapshot | None:
+    stream = sidecar.stub.WatchSnapshots(snapshotter_pb2.WatchSnapshotsRequest(), timeout=5)
+    try:
+        return next(stream)
+    except grpc.RpcError as error:
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        return None
+    finally:
+        stream.cancel()
+
+
+def test_bytes_that_are_no_request_are_invalid_argument(sidecar: Sidecar) -> None:
+    get = sidecar.channel.unary_unary(f"/{SERVICE_NAME}/GetSnapshot")  # bytes in, bytes out
+    with pytest.raises(grpc.RpcError) as refused:
+        get(b"\xff\xff\xff", timeout=5)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (refused.value.details() or "").startswith("malformed request")
+    assert not sidecar.serving()  # and the server goes on answering (no engine here yet)
 
 
 def test_coefficients_are_fitted_online_and_travel_with_the_snapshots(sidecar: Sidecar, region: str,

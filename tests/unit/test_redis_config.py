@@ -46,6 +46,20 @@ def test_no_url_starts_an_embedded_redis_shared_by_everyone_naming_its_file(tmp_
         first.close()
 
 
+@pytest.mark.parametrize("where", ["missing-parent", "a-folder"])
+def test_an_embedded_redis_that_cannot_start_is_a_start_up_error_naming_the_setting(tmp_path: Path,
+                                                                                   where: str) -> None:
+    """The services print a ServiceStartError and exit with status 2, instead of a traceback."""
+    from bear.common.service import ServiceStartError
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    path = blocker / "bear.db" if where == "missing-parent" else tmp_path  # under a file; a folder itself
+    with pytest.raises(ServiceStartError, match=f"BEAR_REDIS_EMBEDDED_PATH={re.escape(str(path))}: the embedded "
+                                                "Redis cannot start there"):
+        connect(RedisConfig(embedded_path=str(path)))
+
+
 @pytest.mark.parametrize("settings", [dict(url="unix:///r.sock", tls=True), dict(url="redis://r", tls_cert_file="/c"),
                                       dict(timeout_s=0)])
 def test_inconsistent_settings_are_refused(settings: dict[str, object]) -> None:

@@ -47,10 +47,19 @@ def test_a_request_carries_the_text_or_the_length_and_only_the_optionals_given()
                                                ({"prompt": "hi", "allowed_models": "Qwen3-8B"}, "allowed_models"),
                                                ({"prompt": "hi", "ttft_slo_ms": None}, "ttft_slo_ms"),
                                                ({"prompt": "hi", "ttft_slo_ms": "500"}, "ttft_slo_ms"),
-                                               ({"prompt": "hi", "delta_per_s": "2"}, "delta_per_s")])
+                                               ({"prompt": "hi", "delta_per_s": "2"}, "delta_per_s"),
+                                               ({"prompt": "hi", "allowed_models": None}, "allowed_models"),
+                                               ({"prompt": "hi", "allowed_models": [None]}, "allowed_models"),
+                                               ({"prompt": b"hi"}, "prompt"),
+                                               ({"prompt": "hi", "request_id": 5}, "request_id"),
+                                               ({"prompt": "hi", "policy": 1}, "policy")])
 def test_arguments_that_cannot_make_a_request_are_refused_naming_them(fields: dict[str, object], named: str) -> None:
     with pytest.raises(ValueError, match=named):
         request(**fields)
+
+
+def test_allowed_models_may_be_any_iterable_of_names() -> None:
+    assert list(request(prompt="hi", allowed_models=(m for m in ["a", "b"])).allowed_models) == ["a", "b"]
 
 
 def test_deadlines_are_positive_and_none_means_the_clients() -> None:
@@ -64,6 +73,8 @@ def test_deadlines_are_positive_and_none_means_the_clients() -> None:
                                 (10.0, None, "output_tokens"), (None, 3, "observed_ttft_ms")):
         with pytest.raises(ValueError, match=named):
             outcome_report("r", ttft, tokens, 0.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="request_id"):
+        outcome_report(5, 10.0, 3, 0.0)  # type: ignore[arg-type]
 
 
 class _Error(grpc.RpcError):
