@@ -44,11 +44,12 @@ _TOP_LEVEL = ("engine", "free_blocks", "running", "waiting", "query", "batch_tim
 def parse_case(document: Any) -> Case:
     """Reads a decoded JSON case; raises CaseError naming the field on any problem."""
     obj = _object(document, "case")
-    _keys(obj, "case", required=_TOP_LEVEL, optional=("horizon_s",))
+    _keys(obj, "case", required=_TOP_LEVEL, optional=("horizon_s", "shared_blocks"))
     engine = _engine(_object(obj["engine"], "engine"))
     running = tuple(_request(item, f"running[{i}]", engine, waiting=False) for i, item in enumerate(_list(obj, "running")))
     waiting = tuple(_request(item, f"waiting[{i}]", engine, waiting=True) for i, item in enumerate(_list(obj, "waiting")))
-    state = InstanceState(engine, _int(obj, "free_blocks", "free_blocks", 0), running, waiting)
+    shared = _int(obj, "shared_blocks", "shared_blocks", 0) if "shared_blocks" in obj else 0
+    state = InstanceState(engine, _int(obj, "free_blocks", "free_blocks", 0), running, waiting, shared)
     query_obj = _object(obj["query"], "query")
     _keys(query_obj, "query", required=("id", "num_prompt_tokens", "output_tokens"))
     query = Query(
@@ -72,6 +73,8 @@ def case_to_json(case: Case) -> dict[str, Any]:
                   "output_tokens": case.query.output_tokens},
         "batch_time": {name: getattr(case.coefficients, name) for name in ("b0", "b1", "b2", "b3")},
     }
+    if case.state.shared_blocks:
+        document["shared_blocks"] = case.state.shared_blocks
     if math.isfinite(case.horizon_s):
         document["horizon_s"] = case.horizon_s
     return document

@@ -69,6 +69,7 @@ class ReferenceScheduler:
     def __init__(self, state: InstanceState) -> None:
         self.engine: EngineConfig = state.engine
         self.free_blocks = state.free_blocks
+        self.shared_blocks = state.shared_blocks  # paid off by the first blocks released (InstanceState)
         self.running: list[SchedulerRequest] = [self._request(r, RUNNING) for r in state.running]
         self.waiting: deque[SchedulerRequest] = deque(self._request(r, WAITING) for r in state.waiting)
         # Async: requests that sample a token in the step in flight.
@@ -88,7 +89,7 @@ class ReferenceScheduler:
                                    r.max_tokens, r.placeholders)
 
         return InstanceState(self.engine, self.free_blocks, tuple(map(resident, self.running)),
-                             tuple(map(resident, self.waiting)))
+                             tuple(map(resident, self.waiting)), self.shared_blocks)
 
     def _request(self, r: ResidentRequest, where: str) -> SchedulerRequest:
         max_tokens = r.max_tokens if r.max_tokens is not None else self.engine.max_model_len - r.num_prompt_tokens
@@ -192,13 +193,19 @@ class ReferenceScheduler:
 
     def _preempt(self, request: SchedulerRequest) -> None:
         """Recompute preemption: blocks freed, progress lost, back to the front of the waiting queue."""
-        self.free_blocks += request.blocks
-        request.blocks = 0
+        self._release(request)
         request.computed = 0
         request.placeholders = 0
         request.where = WAITING
         self.waiting.appendleft(request)
         self.num_preemptions += 1
+
+    def _release(self, request: SchedulerRequest) -> None:
+        """The request's blocks go back to the free pool, but for those another running request still holds."""
+        kept = min(self.shared_blocks, request.blocks)
+        self.shared_blocks -= kept
+        self.free_blocks += request.blocks - kept
+        request.blocks = 0
 
     def process_outputs(self, samplers: list[SchedulerRequest], finished: list[SchedulerRequest]) -> int:
         """Appends one token per sampler (a preempted one's stale token too) and finishes those at their length."""
@@ -214,8 +221,7 @@ class ReferenceScheduler:
                 continue
             if request.where == RUNNING:
                 self.running.remove(request)
-                self.free_blocks += request.blocks
-                request.blocks = 0
+                self._release(request)
             else:
                 self.waiting.remove(request)
             request.where = FINISHED

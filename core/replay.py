@@ -70,7 +70,8 @@ def prepare(state: InstanceState) -> PreparedState:
     engine = _native.EngineConfig()
     for field in dataclasses.fields(state.engine):
         setattr(engine, field.name, getattr(state.engine, field.name))
-    native = _native.PreparedState(engine, state.free_blocks, _table(state.running), _table(state.waiting))
+    native = _native.PreparedState(engine, state.free_blocks, _table(state.running), _table(state.waiting),
+                                   state.shared_blocks)
     ids = tuple(r.id for r in state.running) + tuple(r.id for r in state.waiting)
     return PreparedState(state, native, ids, frozenset(ids))
 

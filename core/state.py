@@ -70,12 +70,19 @@ class ResidentRequest:
 
 @dataclass(frozen=True, slots=True)
 class InstanceState:
-    """One instance's engine settings, free KV blocks, RUNNING list (admission order) and WAITING queue."""
+    """One instance's engine settings, free KV blocks, RUNNING list (admission order) and WAITING queue.
+
+    `shared_blocks`: references to blocks that another running request holds too (prefix caching: a request whose
+    prompt starts like one still running takes that request's cached blocks). Each running request counts every block
+    it holds, so the running requests' blocks add up to `shared_blocks` more than the blocks they hold. A block is
+    freed with the last request holding it: the blocks of a request that finishes or is preempted go to the free
+    pool once the shared references are paid off, the first of them paying first."""
 
     engine: EngineConfig
     free_blocks: int
     running: tuple[ResidentRequest, ...] = ()
     waiting: tuple[ResidentRequest, ...] = ()
+    shared_blocks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +121,14 @@ def check_state(state: InstanceState) -> None:
         for index, request in enumerate(requests):
             problem = _resident_problem(request, engine, waiting=queue == "waiting")
             _require(problem is None, f"{queue}[{index}] (id {request.id!r}): {problem}")
-    held = state.free_blocks + sum(r.num_allocated_blocks for r in state.running)
-    _require(held <= engine.num_gpu_blocks, "running requests' blocks + free_blocks exceed num_gpu_blocks")
+    # a shared block is a whole block of its holders' computed tokens
+    shareable = sum(r.num_computed_tokens // engine.block_size for r in state.running)
+    _require(0 <= state.shared_blocks <= shareable,
+             f"shared_blocks must be in [0, {shareable}] (the running requests' full computed blocks), "
+             f"got {state.shared_blocks}")
+    held = state.free_blocks + sum(r.num_allocated_blocks for r in state.running) - state.shared_blocks
+    _require(held <= engine.num_gpu_blocks,
+             "running requests' blocks (shared ones once) + free_blocks exceed num_gpu_blocks")
     ids = [r.id for r in state.running] + [r.id for r in state.waiting]
     twice = sorted({i for i in ids if ids.count(i) > 1}) if len(set(ids)) != len(ids) else []
     _require(not twice, f"request ids must be unique: {', '.join(map(repr, twice))} more than once")

@@ -73,11 +73,16 @@ def state_from_snapshot(snapshot: snapshot_pb2.InstanceSnapshot, remaining: Rema
             num_output_placeholders=message.num_output_placeholders,
         )
 
+    running = tuple(resident(r) for r in snapshot.running)
+    # Blocks held (usable minus free) fewer than the running requests' counts add up to: prefix-cache hits on blocks
+    # another running request holds (InstanceState.shared_blocks).
+    held = sum(r.num_allocated_blocks for r in running) + snapshot.num_free_blocks
     return InstanceState(
         engine=engine_from_proto(snapshot.engine),
         free_blocks=snapshot.num_free_blocks,
-        running=tuple(resident(r) for r in snapshot.running),
+        running=running,
         waiting=tuple(resident(r) for r in snapshot.waiting),
+        shared_blocks=max(0, held - snapshot.engine.num_gpu_blocks),
     )
 
 

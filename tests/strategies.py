@@ -66,8 +66,12 @@ def states(draw: st.DrawFn) -> InstanceState:
     leaked = draw(st.sampled_from([0, 0, 0, 2]))
     num_gpu_blocks = max(1, held + spare + leaked)
     engine = EngineConfig(**{**{f: getattr(engine, f) for f in engine.__slots__}, "num_gpu_blocks": num_gpu_blocks})
-    return InstanceState(engine, num_gpu_blocks - held - leaked if held + leaked <= num_gpu_blocks else 0,
-                         running, waiting)
+    # prefix caching: some of the running requests' full blocks are held by another running request too
+    shareable = sum(r.num_computed_tokens // engine.block_size for r in running)
+    shared = draw(st.sampled_from([0, 0, 0, 1]) | st.integers(0, shareable)) if shareable else 0
+    shared = min(shared, shareable)
+    free = num_gpu_blocks - held - leaked if held + leaked <= num_gpu_blocks else 0
+    return InstanceState(engine, free + draw(st.sampled_from([0, shared])), running, waiting, shared)
 
 
 queries = st.builds(Query, st.just("q"), st.one_of(tokens, tokens, tokens, st.integers(1, 13000)), st.integers(1, 500))

@@ -37,10 +37,11 @@ std::vector<bear::Resident> residents_from(const Int64Table& table) {
 }
 
 bear::PreparedState make_state(const bear::EngineConfig& engine, int64_t free_blocks, const Int64Table& running,
-                               const Int64Table& waiting) {
+                               const Int64Table& waiting, int64_t shared_blocks) {
   bear::InstanceState state;
   state.engine = engine;
   state.free_blocks = free_blocks;
+  state.shared_blocks = shared_blocks;
   state.running = residents_from(running);
   state.waiting = residents_from(waiting);
   return bear::prepare(state);
@@ -110,7 +111,8 @@ void register_replay(py::module_& m) {
       .def_readwrite("async_scheduling", &bear::EngineConfig::async_scheduling);
 
   py::class_<bear::PreparedState>(m, "PreparedState")
-      .def(py::init(&make_state), py::arg("engine"), py::arg("free_blocks"), py::arg("running"), py::arg("waiting"))
+      .def(py::init(&make_state), py::arg("engine"), py::arg("free_blocks"), py::arg("running"), py::arg("waiting"),
+           py::arg("shared_blocks") = 0)
       .def_property_readonly("num_requests", [](const bear::PreparedState& s) { return s.requests.size(); });
 
   py::class_<bear::Query>(m, "Query")

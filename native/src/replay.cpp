@@ -69,9 +69,16 @@ void validate(const InstanceState& state) {
   require(state.free_blocks >= 0 && state.free_blocks <= cfg.num_gpu_blocks, "free_blocks out of range");
   require_consistent(state.running, cfg, false);
   require_consistent(state.waiting, cfg, true);
-  int64_t held = state.free_blocks;
-  for (const Resident& r : state.running) held += r.num_allocated_blocks;
-  require(held <= cfg.num_gpu_blocks, "running requests' blocks + free_blocks exceed num_gpu_blocks");
+  int64_t held = state.free_blocks - state.shared_blocks;
+  int64_t shareable = 0;  // a shared block is a whole block of its holders' computed tokens
+  for (const Resident& r : state.running) {
+    held += r.num_allocated_blocks;
+    shareable += r.num_computed_tokens / cfg.block_size;
+  }
+  require(state.shared_blocks >= 0 && state.shared_blocks <= shareable,
+          "shared_blocks must be in [0, the running requests' full computed blocks]");
+  require(held <= cfg.num_gpu_blocks,
+          "running requests' blocks (shared ones once) + free_blocks exceed num_gpu_blocks");
 }
 
 void validate(const Query& query, const BatchTimeCoefficients& c) {
@@ -86,6 +93,7 @@ PreparedState prepare(const InstanceState& state) {
   PreparedState prepared;
   prepared.engine = state.engine;
   prepared.free_blocks = state.free_blocks;
+  prepared.shared_blocks = state.shared_blocks;
   prepared.watermark_blocks =
       static_cast<int64_t>(state.engine.watermark * static_cast<double>(state.engine.num_gpu_blocks + 1));
   prepared.requests.reserve(state.running.size() + state.waiting.size());

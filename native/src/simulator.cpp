@@ -12,6 +12,7 @@ Simulator::Simulator(const PreparedState& state, const Query& query, const Batch
       opt_(options),
       lazy_(state.engine.block_size, reqs_),
       free_blocks_(state.free_blocks),
+      shared_blocks_(state.shared_blocks),
       watermark_blocks_(state.watermark_blocks) {
   const size_t num_residents = state.requests.size();
   reqs_.resize(num_residents + arrivals.size() + 1);
@@ -254,11 +255,19 @@ void Simulator::add_to_batch(int32_t id, int64_t tokens, StepInfo& info) {
   }
 }
 
+// The request's blocks go back to the free pool, but for those another running request still holds (shared_blocks_:
+// prefix-cache hits on its blocks, paid off by the first blocks released).
+void Simulator::release(Request& r) {
+  const int64_t kept = std::min(shared_blocks_, r.blocks);
+  shared_blocks_ -= kept;
+  free_blocks_ += r.blocks - kept;
+  r.blocks = 0;
+}
+
 // Recompute preemption: blocks freed, progress lost, back to the front of the queue.
 void Simulator::preempt(int32_t id) {
   Request& r = reqs_[id];
-  free_blocks_ += r.blocks;
-  r.blocks = 0;
+  release(r);
   r.computed = 0;
   r.placeholders = 0;
   r.where = detail::Where::kWaiting;
@@ -281,8 +290,7 @@ void Simulator::apply_outputs(const std::vector<int32_t>& samplers, StepInfo& in
     if (r.output < r.target) continue;
     info.queue_changed = true;
     if (r.where == detail::Where::kRunning) {
-      free_blocks_ += r.blocks;
-      r.blocks = 0;
+      release(r);
       --num_running_;
       finished_running = true;
     } else {

@@ -51,6 +51,7 @@ class Simulator {
   void schedule_waiting(StepInfo& info, int64_t& budget, int64_t threshold);
   void add_to_batch(int32_t id, int64_t tokens, StepInfo& info);
   void preempt(int32_t id);
+  void release(Request& r);
   void apply_outputs(const std::vector<int32_t>& samplers, StepInfo& info);
   void account_batch(StepInfo& info);
   void record_batch();
@@ -94,6 +95,7 @@ class Simulator {
   std::vector<int32_t> waiting_;                      // reversed: the head of the queue is back()
   LazyDecoders lazy_;
   int64_t free_blocks_;
+  int64_t shared_blocks_;
   int64_t watermark_blocks_;
   int64_t next_seq_ = 0;
   int32_t query_;

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from google.protobuf import json_format
 
 from bear.core.batch_time import BatchFeatures, fit
 from bear.core.replay import replay
+from bear.core.state import InvalidState
 from bear.core.wire import (
     coefficients_from_proto,
     coefficients_to_proto,
@@ -73,3 +75,22 @@ def test_batch_records_calibrate_the_batch_time_model() -> None:
     assert message.num_samples == 6 and message.mape < 1e-6
     restored = coefficients_from_proto(message)
     assert restored.b1 == result.coefficients.b1
+
+
+def test_blocks_counted_by_two_running_requests_are_shared_ones() -> None:
+    """Prefix caching: b's prompt began like a's, and both count the 20 blocks they share; vLLM's free count is of
+    the blocks nobody holds. The state says how many references are shared, and replays."""
+    engine = make_engine(num_gpu_blocks=40)
+    running = [decoding("a", prompt=390, remaining=3), decoding("b", prompt=390, remaining=6)]  # 25 blocks each
+    snapshot = snapshot_pb2.InstanceSnapshot(
+        instance_id="i", engine=engine_to_proto(engine), num_free_blocks=10,
+        running=[snapshot_pb2.RequestState(request_id=r.id, num_prompt_tokens=r.num_prompt_tokens,
+                                           num_computed_tokens=r.num_computed_tokens,
+                                           num_output_tokens=r.num_output_tokens,
+                                           num_allocated_blocks=r.num_allocated_blocks) for r in running])
+    state = state_from_snapshot(snapshot, remaining=lambda r: 3)
+    assert (state.free_blocks, state.shared_blocks) == (10, 20)
+    assert replay(state, make_query(), COEFFICIENTS).feasible
+    snapshot.running[0].num_allocated_blocks = 60  # more than sharing whole computed blocks can explain: refused
+    with pytest.raises(InvalidState, match="shared_blocks"):
+        replay(state_from_snapshot(snapshot, remaining=lambda r: 3), make_query(), COEFFICIENTS)

@@ -6,6 +6,7 @@ import pytest
 
 from bear.core.replay import ReplayEngine
 from bear.core.result import ReplayStatus
+from bear.core.state import InstanceState, InvalidState
 from tests.builders import decoding, make_engine, make_query, make_state, prefilling, queued, run, scheduled
 
 ENGINES = [ReplayEngine.NATIVE, ReplayEngine.REFERENCE]
@@ -281,3 +282,26 @@ def test_a_frozen_state_waits_for_arrivals_then_is_stuck(engine: ReplayEngine) -
     state = make_state(waiting=[queued("big", prompt=16 * 10)], engine=make_engine(num_gpu_blocks=10), free_blocks=8)
     result = run(state, make_query(prompt=16), engine, query_time_s=0.3, arrivals=[Arrival(0.1, queued("x"))])
     assert result.status is ReplayStatus.INFEASIBLE and "'big'" in result.reason
+
+
+def test_blocks_shared_through_the_prefix_cache_are_freed_with_their_last_holder(engine: ReplayEngine) -> None:
+    # a and b each count 25 blocks, 20 of them the same (b's prompt began like a's): 30 held, 10 of 40 free.
+    state = make_state(running=[decoding("a", prompt=390, remaining=3), decoding("b", prompt=390, remaining=6)],
+                       engine=make_engine(num_gpu_blocks=40), free_blocks=10)
+    state = InstanceState(state.engine, state.free_blocks, state.running, state.waiting, shared_blocks=20)
+    result = run(state, make_query(prompt=300), engine)  # needs 19 blocks
+    steps = scheduled(result)
+    # a's end frees only its own 5 blocks (15 free): the query waits for b's end, which frees the shared ones too
+    assert [set(s) for s in steps[:6]] == [{"a", "b"}] * 3 + [{"b"}] * 3
+    assert steps[6] == {"q": 300} and result.first_token_batch == 7
+    # had nothing been shared (50 blocks held, 10 of 60 free), a's end would have freed 25 for the query
+    unshared = InstanceState(make_engine(num_gpu_blocks=60), 10, state.running, state.waiting)
+    assert scheduled(run(unshared, make_query(prompt=300), engine))[3] == {"b": 1, "q": 300}
+
+
+def test_shared_blocks_must_be_whole_computed_blocks_of_the_running_requests() -> None:
+    state = make_state(running=[decoding("a", prompt=40, remaining=3)], engine=make_engine(num_gpu_blocks=40))
+    for engine in ReplayEngine:
+        with pytest.raises(InvalidState, match="shared_blocks"):
+            run(InstanceState(state.engine, state.free_blocks, state.running, (), shared_blocks=3), make_query(),
+                engine)

@@ -39,6 +39,9 @@ struct InstanceState {
   int64_t free_blocks = 0;
   std::vector<Resident> running;  // admission order
   std::vector<Resident> waiting;  // queue order
+  // References to blocks another running request holds too (prefix caching): the running requests' block counts
+  // add up to this many more than the blocks they hold; released blocks pay them off first.
+  int64_t shared_blocks = 0;
 };
 
 namespace detail {
@@ -58,6 +61,7 @@ struct Request {
 struct PreparedState {
   EngineConfig engine;
   int64_t free_blocks = 0;
+  int64_t shared_blocks = 0;               // InstanceState::shared_blocks
   int64_t watermark_blocks = 0;            // vLLM: int(watermark * num_blocks), its null block included
   std::vector<detail::Request> requests;   // running (admission order), then waiting (queue order)
   int32_t num_running = 0;
