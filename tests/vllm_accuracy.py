@@ -317,7 +317,8 @@ def _one(router: RouterClient, server: VllmServer, query: PlannedQuery, result: 
     time.sleep(max(0.0, started + query.send_at_s - time.monotonic()))
     try:
         result.route_started_s = time.time()
-        decision = router.route(query.prompt, ttft_slo_ms=settings.ttft_slo_ms, request_id=query.request_id)
+        decision = router.route(query.prompt, ttft_slo_ms=settings.ttft_slo_ms, request_id=query.request_id,
+                                max_tokens=query.max_tokens)
         if decision.decision != router_pb2.DECISION_ROUTE:
             result.error = f"not routed: {decision.reason}"
             return

@@ -76,7 +76,7 @@ class RouterTimeout(RouterError):
 
 def route_request(*, prompt: str | None, prompt_tokens: int | None, ttft_slo_ms: float, policy: str,
                   allowed_models: Sequence[str], request_id: str, lambda_per_micro_usd: float | None,
-                  delta_per_s: float | None) -> router_pb2.RouteRequest:
+                  delta_per_s: float | None, max_tokens: int | None = None) -> router_pb2.RouteRequest:
     """The RouteRequest of these arguments; exactly one of `prompt` and `prompt_tokens`."""
     if (prompt is None) == (prompt_tokens is None):
         raise ValueError("give either prompt (the text) or prompt_tokens (a length-only query), not both")
@@ -101,6 +101,10 @@ def route_request(*, prompt: str | None, prompt_tokens: int | None, ttft_slo_ms:
         request.prompt = prompt
     else:
         request.prompt_tokens = prompt_tokens  # type: ignore[assignment]
+    if max_tokens is not None:
+        if not _is_integer(max_tokens) or not 1 <= max_tokens < 1 << 32:
+            raise ValueError(f"max_tokens must be a number of tokens >= 1, got {max_tokens!r}")
+        request.max_tokens = max_tokens
     if lambda_per_micro_usd is not None:
         request.lambda_per_micro_usd = lambda_per_micro_usd
     if delta_per_s is not None:
@@ -178,10 +182,11 @@ class RouterClient:
     def route(self, prompt: str | None = None, *, ttft_slo_ms: float, prompt_tokens: int | None = None,
               policy: str = "", allowed_models: Sequence[str] = (), request_id: str = "",
               lambda_per_micro_usd: float | None = None, delta_per_s: float | None = None,
-              timeout_s: float | None = None) -> router_pb2.RouteDecision:
+              max_tokens: int | None = None, timeout_s: float | None = None) -> router_pb2.RouteDecision:
         request = route_request(prompt=prompt, prompt_tokens=prompt_tokens, ttft_slo_ms=ttft_slo_ms, policy=policy,
                                 allowed_models=allowed_models, request_id=request_id,
-                                lambda_per_micro_usd=lambda_per_micro_usd, delta_per_s=delta_per_s)
+                                lambda_per_micro_usd=lambda_per_micro_usd, delta_per_s=delta_per_s,
+                                max_tokens=max_tokens)
         if self._closed:
             raise _closed()
         try:
@@ -249,10 +254,11 @@ class AsyncRouterClient:
     async def route(self, prompt: str | None = None, *, ttft_slo_ms: float, prompt_tokens: int | None = None,
                     policy: str = "", allowed_models: Sequence[str] = (), request_id: str = "",
                     lambda_per_micro_usd: float | None = None, delta_per_s: float | None = None,
-                    timeout_s: float | None = None) -> router_pb2.RouteDecision:
+                    max_tokens: int | None = None, timeout_s: float | None = None) -> router_pb2.RouteDecision:
         request = route_request(prompt=prompt, prompt_tokens=prompt_tokens, ttft_slo_ms=ttft_slo_ms, policy=policy,
                                 allowed_models=allowed_models, request_id=request_id,
-                                lambda_per_micro_usd=lambda_per_micro_usd, delta_per_s=delta_per_s)
+                                lambda_per_micro_usd=lambda_per_micro_usd, delta_per_s=delta_per_s,
+                                max_tokens=max_tokens)
         deadline = deadline_s(timeout_s, self._timeout_s)
         self._check_usable()
         try:

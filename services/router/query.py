@@ -39,6 +39,7 @@ class RouteQuery:
     delta_per_s: float | None = None  # None: the policy's default δ
     policy: str = ""  # empty: the configured default
     allowed_models: tuple[str, ...] = ()  # empty: every model
+    max_tokens: int | None = None  # the request's max_tokens for vLLM: caps predicted output lengths
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,8 @@ def validate(query: RouteQuery, limits: Limits, policies: frozenset[str]) -> Rou
     if query.policy and query.policy not in policies:
         raise InvalidQuery("policy", f"unknown policy {shown(query.policy)}; choose one of: "
                                      f"{', '.join(sorted(policies))}")
+    if query.max_tokens is not None and query.max_tokens < 1:
+        raise InvalidQuery("max_tokens", f"must be at least 1 when given, got {query.max_tokens}")
     if any(not model for model in query.allowed_models):
         raise InvalidQuery("allowed_models", "model names must not be empty")
     return replace(query, request_id=request_id)

@@ -172,7 +172,7 @@ class Router:
         inputs = await self._gather(query, prompt_tokens, instances)
         candidates = build_candidates(inputs.instances, prompt_tokens, inputs.predictions, inputs.estimates,
                                       inputs.queues, self._observations, self._clock(),
-                                      self._settings.default_output_tokens)
+                                      self._settings.default_output_tokens, query.max_tokens)
         # The target counts from the Route call: what the router has spent on it is no longer the instance's to use
         # (a slow decision, a busy host). Estimates are from the dispatch on, so they are judged against the rest.
         budget_ms = query.ttft_slo_ms - (time.perf_counter() - started) * 1000
@@ -249,9 +249,9 @@ class Router:
         horizon_ms = (self._settings.horizon_factor * query.ttft_slo_ms / 1000 + 1.0) * 1000
         with self._telemetry.stage("estimate") as span:
             try:
-                estimates = await self._estimator.estimate(query.request_id, prompt_tokens,
-                                                           self._settings.default_output_tokens, instance_ids,
-                                                           horizon_ms, self._latest_dispatches())
+                output_tokens = min(self._settings.default_output_tokens, query.max_tokens or math.inf)
+                estimates = await self._estimator.estimate(query.request_id, prompt_tokens, output_tokens,
+                                                           instance_ids, horizon_ms, self._latest_dispatches())
             except DependencyUnavailable as error:
                 self._metrics.dependency_failed("estimator", error.code)
                 _failed(span, error)

@@ -45,6 +45,7 @@ class ModelPrediction:
     output_tokens: float
     prompt_tokens: int
     cost_micro_usd: float
+    output_usd_per_mtok: float = 0.0  # the price in cost_micro_usd (for a cost capped at max_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,20 +131,21 @@ def build_candidates(instances: Sequence[InstanceInfo], prompt_tokens: int,
                      predictions: Mapping[str, ModelPrediction] | None,
                      estimates: Mapping[str, InstanceEstimate] | None, queues: Mapping[str, QueueLengths] | None,
                      observations: ObservationBook, now_s: float, default_output_tokens: float,
-                     ) -> list[Candidate]:
+                     max_tokens: int | None = None) -> list[Candidate]:
     """One candidate per instance, in order. With `predictions`, every instance must have one (see
-    `prediction_for`); without, all get the same neutral prediction."""
+    `prediction_for`); without, all get the same neutral prediction. Output lengths are at most `max_tokens`."""
     out = []
+    cap = math.inf if max_tokens is None else float(max_tokens)
     for instance in instances:
         prediction = prediction_for(instance.model, predictions) if predictions is not None else None
         if prediction is not None:
-            accuracy, output, tokens = prediction.accuracy, prediction.output_tokens, prediction.prompt_tokens
+            accuracy, output, tokens = prediction.accuracy, min(prediction.output_tokens, cap), prediction.prompt_tokens
         else:
-            accuracy, output, tokens = 0.0, default_output_tokens, prompt_tokens
+            accuracy, output, tokens = 0.0, min(default_output_tokens, cap), prompt_tokens
         if instance.has_prices or prediction is None:
             cost = instance.cost_micro_usd(tokens, output)
-        else:
-            cost = prediction.cost_micro_usd
+        else:  # the predictor's catalogue prices: less the output tokens max_tokens cuts
+            cost = prediction.cost_micro_usd - (prediction.output_tokens - output) * prediction.output_usd_per_mtok
         signals = _signals((estimates or {}).get(instance.instance_id),
                            (queues or {}).get(instance.instance_id), observations.of(instance.instance_id), now_s)
         out.append(Candidate(instance.instance_id, instance.model, accuracy, tokens, output, cost, signals))

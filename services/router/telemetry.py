@@ -161,6 +161,8 @@ class Telemetry:
                     span.set_attribute("bear.lambda_per_micro_usd", query.lambda_per_micro_usd)
                 if query.delta_per_s is not None:
                     span.set_attribute("bear.delta_per_s", query.delta_per_s)
+                if query.max_tokens is not None:
+                    span.set_attribute("bear.max_tokens", query.max_tokens)
             try:
                 yield span
             except InvalidQuery as error:

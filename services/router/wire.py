@@ -34,6 +34,7 @@ def query_from_proto(request: router_pb2.RouteRequest) -> RouteQuery:
         delta_per_s=request.delta_per_s if request.HasField("delta_per_s") else None,
         policy=request.policy,
         allowed_models=tuple(request.allowed_models),
+        max_tokens=request.max_tokens if request.HasField("max_tokens") else None,
     )
 
 
@@ -74,7 +75,8 @@ def predict_request(prompt: str) -> predictor_pb2.PredictRequest:
 
 
 def predictions_from_proto(reply: predictor_pb2.PredictResponse) -> dict[str, ModelPrediction]:
-    return {p.model: ModelPrediction(p.model, p.accuracy, p.output_tokens, p.prompt_tokens, p.cost_micro_usd)
+    return {p.model: ModelPrediction(p.model, p.accuracy, p.output_tokens, p.prompt_tokens, p.cost_micro_usd,
+                                     p.output_usd_per_mtok)
             for p in reply.predictions}
 
 

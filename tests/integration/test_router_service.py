@@ -230,6 +230,20 @@ def test_a_request_without_prompt_is_invalid_argument(stack: RouterStack) -> Non
     assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "prompt: required" in caught.value.details()
 
 
+def test_max_tokens_zero_is_invalid_argument_and_a_cap_reaches_the_dispatch_record(stack: RouterStack) -> None:
+    with grpc.insecure_channel(stack.address) as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            router_pb2_grpc.RouterStub(channel).Route(router_pb2.RouteRequest(prompt="Hi.", ttft_slo_ms=500,
+                                                                              max_tokens=0), timeout=5)
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith("max_tokens: must be at least 1")
+    decision = stack.client.route("Summarize.", ttft_slo_ms=500.0, max_tokens=3, request_id="capped")
+    assert all(c.predicted_output_tokens <= 3 for c in decision.candidates)
+    stack.flush()  # records are written off the Route path
+    record = wire.dispatch_from_bytes(stack.redis.get(redis_keys.dispatch_key("capped")))
+    assert record.predicted_output_tokens <= 3
+
+
 def test_no_ready_instance_is_unavailable(tmp_path: Path) -> None:
     stack = RouterStack(tmp_path, register=False)
     try:

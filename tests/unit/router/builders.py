@@ -30,8 +30,8 @@ INSTANCES = (
 
 
 def prediction(model: str, accuracy: float, output_tokens: float = 100.0, prompt_tokens: int = 10,
-               cost: float = 0.0) -> ModelPrediction:
-    return ModelPrediction(model, accuracy, output_tokens, prompt_tokens, cost)
+               cost: float = 0.0, output_price: float = 0.0) -> ModelPrediction:
+    return ModelPrediction(model, accuracy, output_tokens, prompt_tokens, cost, output_price)
 
 
 def estimate(instance_id: str, ttft_ms: float | None = 100.0, *, method: str = "replay", running: int | None = 0,
@@ -62,12 +62,14 @@ class FakeEstimates:
     error: DependencyUnavailable | None = None
     calls: list[tuple[str, int, tuple[str, ...], float]] = field(default_factory=list)
     recent: list[tuple[str, ...]] = field(default_factory=list)  # per call: the request ids sent along
+    output_tokens: list[float] = field(default_factory=list)  # per call: the query's output length
     delay_s: float = 0.0  # how long each call takes
 
     async def estimate(self, query_id: str, prompt_tokens: int, output_tokens: float, instance_ids: Sequence[str],
                        horizon_ms: float, recent: Sequence[DispatchRecord] = ()) -> Mapping[str, InstanceEstimate]:
         self.calls.append((query_id, prompt_tokens, tuple(instance_ids), horizon_ms))
         self.recent.append(tuple(r.request_id for r in recent))
+        self.output_tokens.append(output_tokens)
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         if self.error is not None:

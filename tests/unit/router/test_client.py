@@ -52,10 +52,17 @@ def test_a_request_carries_the_text_or_the_length_and_only_the_optionals_given()
                                                ({"prompt": "hi", "allowed_models": [None]}, "allowed_models"),
                                                ({"prompt": b"hi"}, "prompt"),
                                                ({"prompt": "hi", "request_id": 5}, "request_id"),
-                                               ({"prompt": "hi", "policy": 1}, "policy")])
+                                               ({"prompt": "hi", "policy": 1}, "policy"),
+                                               ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+                                               ({"prompt": "hi", "max_tokens": 2.5}, "max_tokens")])
 def test_arguments_that_cannot_make_a_request_are_refused_naming_them(fields: dict[str, object], named: str) -> None:
     with pytest.raises(ValueError, match=named):
         request(**fields)
+
+
+def test_max_tokens_goes_along_when_given() -> None:
+    assert request(prompt="hi", max_tokens=64).max_tokens == 64
+    assert not request(prompt="hi").HasField("max_tokens")
 
 
 def test_allowed_models_may_be_any_iterable_of_names() -> None:

@@ -61,6 +61,29 @@ def test_an_instance_without_prices_takes_the_predictors_cost() -> None:
     assert route(harness).candidates[0].predicted_cost_micro_usd == 123.0
 
 
+def test_max_tokens_caps_the_output_lengths_costs_estimate_and_dispatch_record() -> None:
+    """A request that may write at most 50 tokens: its predicted lengths, its cost, the output length the estimator
+    replays it with, and the length later queries see in its dispatch record, are at most 50."""
+    from bear.router.pool import Registration
+
+    harness = make_router(predictions={"Qwen3-0.6B": prediction("Qwen3-0.6B", 0.5, 30, prompt_tokens=40),
+                                       "Qwen3-8B": prediction("Qwen3-8B", 0.7, 200, prompt_tokens=41),
+                                       "Qwen3-32B": prediction("Qwen3-32B", 0.9, 300, prompt_tokens=42)})
+    result = route(harness, max_tokens=50, request_id="q")
+    assert {c.model: c.predicted_output_tokens for c in result.candidates} == {
+        "Qwen3-0.6B": 30, "Qwen3-8B": 50, "Qwen3-32B": 50}
+    assert candidate_of(result, "medium-0").predicted_cost_micro_usd == pytest.approx(41 * 0.072 + 50 * 0.287)
+    assert harness.estimator.output_tokens[-1] <= 50
+    (record,) = harness.store.records
+    assert record.request_id == "q" and record.predicted_output_tokens <= 50
+    # the predictor's own cost (an instance without prices) loses the tokens cut, at the catalogue's output price
+    unpriced = make_router(instances=(Registration("a", "p", "Qwen3-8B", "http://a"),),
+                           predictions={"Qwen3-8B": prediction("Qwen3-8B", 0.7, 200, cost=123.0, output_price=0.5)})
+    assert route(unpriced, max_tokens=50).candidates[0].predicted_cost_micro_usd == pytest.approx(123.0 - 150 * 0.5)
+    with pytest.raises(InvalidQuery, match="max_tokens: must be at least 1"):
+        route(make_router(), max_tokens=0)
+
+
 def test_hugging_face_model_names_meet_the_catalogues_short_names() -> None:
     from bear.router.pool import Registration
 

@@ -15,8 +15,10 @@ def test_a_route_request_keeps_which_query_it_carries_and_which_optionals_are_se
                                                          policy="bear", allowed_models=["a", "b"]))
     assert (text.prompt, text.prompt_tokens, text.ttft_slo_ms, text.policy) == ("hi", None, 300, "bear")
     assert text.allowed_models == ("a", "b") and text.lambda_per_micro_usd is None and text.delta_per_s is None
+    assert text.max_tokens is None
     length = wire.query_from_proto(router_pb2.RouteRequest(prompt_tokens=700, lambda_per_micro_usd=0.0,
-                                                           delta_per_s=0.5))
+                                                           delta_per_s=0.5, max_tokens=0))
+    assert length.max_tokens == 0  # set: refused by the router's checks (none would be None)
     assert (length.prompt, length.prompt_tokens, length.lambda_per_micro_usd, length.delta_per_s) == (
         None, 700, 0.0, 0.5)
     empty = wire.query_from_proto(router_pb2.RouteRequest(prompt=""))
