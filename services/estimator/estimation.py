@@ -77,7 +77,8 @@ class Dispatch:
     model: str
     dispatched_at_s: float
     num_prompt_tokens: int
-    predicted_output_tokens: float
+    predicted_output_tokens: float  # the predictor's mean length
+    max_tokens: int | None = None  # the request's max_tokens, where the router was given it
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,7 +298,8 @@ class Estimator:
         known = instance.prepared.id_set
         arrivals = tuple(
             Arrival(d.dispatched_at_s - snapshot.taken_at_s,
-                    ResidentRequest(d.request_id, d.num_prompt_tokens, 0, 0, max(1, round(d.predicted_output_tokens))))
+                    ResidentRequest(d.request_id, d.num_prompt_tokens, 0, 0, max(1, round(d.predicted_output_tokens)),
+                                    max_tokens=d.max_tokens))
             for d in instance.dispatches.since(max(snapshot.taken_at_s, snapshot.read_at_s - DISPATCH_TRANSIT_S))
             if d.request_id not in known and d.request_id != query.id
             and 0 < d.num_prompt_tokens < snapshot.engine.max_model_len  # vLLM rejects longer prompts at once

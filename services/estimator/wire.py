@@ -97,7 +97,7 @@ def dispatch_from_record(record: router_pb2.DispatchRecord, instance_id: str, mo
             or not (math.isfinite(output) and 0 <= output <= MAX_OUTPUT_TOKENS)):
         return None
     return Dispatch(record.request_id, record.instance_id or instance_id, record.model or model,
-                    record.dispatched_at_s, record.prompt_tokens, max(1.0, output))
+                    record.dispatched_at_s, record.prompt_tokens, max(1.0, output), record.max_tokens or None)
 
 
 def coefficients_from_message(message: calibration_pb2.BatchTimeCoefficients) -> BatchTimeCoefficients | None:

@@ -61,6 +61,7 @@ class DispatchRecord:
     ttft_slo_ms: float
     ttft_offset_ms: float = 0.0  # the instance's learnt offset, added to the estimator's TTFT
     ttft_exact: bool = False  # the replay's own TTFT (not a lower bound at the horizon, not LPS): teaches the offset
+    max_tokens: int = 0  # the request's max_tokens given to Route (0: none); predicted_output_tokens is not capped
 
 
 @dataclass(frozen=True, slots=True)

@@ -188,7 +188,8 @@ class Router:
                          decided_by.estimator)
         chosen = next((i for i, c in enumerate(candidates) if c.instance_id == choice.instance_id), None)
         if choice.decision is Decision.ROUTE and chosen is not None:
-            self._record(query, candidates[chosen], (inputs.estimates or {}).get(candidates[chosen].instance_id))
+            self._record(query, candidates[chosen], (inputs.estimates or {}).get(candidates[chosen].instance_id),
+                         inputs.predictions)
         instance = inputs.instances[chosen] if chosen is not None else None
         result = RouteResult(
             request_id=query.request_id, decision=choice.decision,
@@ -321,17 +322,22 @@ class Router:
         self._metrics.fallbacks.labels(label, fallback.name).inc()
         return choice, fallback, f"{'; '.join(problems)}: {fallback.name} ({source})"
 
-    def _record(self, query: RouteQuery, chosen: Candidate, estimate: InstanceEstimate | None) -> None:
+    def _record(self, query: RouteQuery, chosen: Candidate, estimate: InstanceEstimate | None,
+                predictions: Mapping[str, ModelPrediction] | None) -> None:
         """The dispatch, in memory and (soon, see bear.router.recorder) in Redis, with the estimator's TTFT (0: none)
-        to measure outcomes against."""
+        to measure outcomes against. Its length is the predictor's mean, not capped at max_tokens (which goes
+        along): the estimator's remaining lengths are drawn about that mean and capped at max_tokens, as for the
+        requests in a snapshot."""
+        prediction = prediction_for(chosen.model, predictions) if predictions is not None else None
+        length = prediction.output_tokens if prediction is not None else self._settings.default_output_tokens
         ttft = estimate.ttft_s if estimate is not None else None
         known = ttft is not None and math.isfinite(ttft)
         predicted_ttft_ms = ttft * 1000 if known else 0.0
         offset_ms = estimate.ttft_offset_ms if known and estimate is not None else 0.0
         exact = known and estimate is not None and estimate.method == "replay" and not estimate.lower_bound
         record = DispatchRecord(query.request_id, chosen.instance_id, chosen.model, self._clock(),
-                                chosen.prompt_tokens, chosen.output_tokens, predicted_ttft_ms, query.ttft_slo_ms,
-                                offset_ms, exact)
+                                chosen.prompt_tokens, length, predicted_ttft_ms, query.ttft_slo_ms, offset_ms, exact,
+                                query.max_tokens or 0)
         self._recent.add(record)
         self._recorder.submit(record)
 

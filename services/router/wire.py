@@ -130,11 +130,11 @@ def dispatch_to_proto(record: DispatchRecord) -> router_pb2.DispatchRecord:
         predicted_output_tokens=record.predicted_output_tokens,
         predicted_ttft_ms=record.predicted_ttft_ms if math.isfinite(record.predicted_ttft_ms) else 0.0,
         ttft_slo_ms=record.ttft_slo_ms, ttft_offset_ms=record.ttft_offset_ms,
-        ttft_exact=record.ttft_exact)
+        ttft_exact=record.ttft_exact, max_tokens=record.max_tokens)
 
 
 def dispatch_from_bytes(payload: bytes) -> DispatchRecord:
     r = router_pb2.DispatchRecord.FromString(payload)
     return DispatchRecord(r.request_id, r.instance_id, r.model, r.dispatched_at_s, r.prompt_tokens,
                           r.predicted_output_tokens, r.predicted_ttft_ms, r.ttft_slo_ms, r.ttft_offset_ms,
-                          r.ttft_exact)
+                          r.ttft_exact, r.max_tokens)

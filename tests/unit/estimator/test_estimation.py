@@ -103,6 +103,19 @@ def test_dispatches_since_the_snapshot_are_arrivals_ahead_of_the_query() -> None
     assert got.ttft_s == pytest.approx(expected.ttft_s) and got.num_batches == expected.num_batches
 
 
+def test_an_arrival_writes_at_most_its_max_tokens() -> None:
+    """A dispatch predicted at 400 tokens whose request may write 3 holds a slot of a one-seat engine for 3 steps."""
+    message = snapshot("a", NOW, [], engine_config=engine(max_num_seqs=1))
+    estimator = estimator_with(message)
+    estimator.record_dispatch(Dispatch("d1", "a", "m", NOW + 0.001, 50, 400.0, max_tokens=3))
+    capped = estimator.estimate(Query("q", 100, 10), ["a"], NOW + 0.01)[0]
+    state = state_from_snapshot(message, lambda r: 1)
+    expected = estimate(prepare(state), Query("q", 100, 10), COEFFICIENTS, query_time_s=0.01,
+                        arrivals=[Arrival(0.001, ResidentRequest("d1", 50, 0, 0, 400, max_tokens=3))])
+    assert capped.num_batches == expected.num_batches == 4  # d1's prefill and two more tokens, then the query
+    assert capped.ttft_s == pytest.approx(expected.ttft_s)
+
+
 def test_a_dispatch_an_idle_engine_never_received_stops_counting_once_it_should_have_arrived() -> None:
     """Routed but never sent (or refused by vLLM): an idle engine's snapshot keeps its taken_at, and the request, not
     in it when the engine was last read well after the dispatch, would make it look busy for as long as it is idle."""

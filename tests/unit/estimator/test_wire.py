@@ -85,6 +85,8 @@ def test_a_dispatch_record_becomes_a_dispatch() -> None:
     assert dispatch_from_record(record, "ignored", "m") == Dispatch("r1", "a", "m", 10.0, 300, 1.0)
     record.instance_id = ""
     assert dispatch_from_record(record, "b", "m").instance_id == "b"  # type: ignore[union-attr]
+    record.max_tokens = 64  # the request's cap, where Route was given it
+    assert dispatch_from_record(record, "b", "m").max_tokens == 64  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("field_value", [("request_id", ""), ("prompt_tokens", 0),

@@ -62,8 +62,9 @@ def test_an_instance_without_prices_takes_the_predictors_cost() -> None:
 
 
 def test_max_tokens_caps_the_output_lengths_costs_estimate_and_dispatch_record() -> None:
-    """A request that may write at most 50 tokens: its predicted lengths, its cost, the output length the estimator
-    replays it with, and the length later queries see in its dispatch record, are at most 50."""
+    """A request that may write at most 50 tokens: its predicted lengths, its cost and the output length the estimator
+    replays it with are at most 50; its dispatch record keeps the predictor's mean and the cap, as a snapshot would
+    (the estimator draws remaining lengths about the mean, capped)."""
     from bear.router.pool import Registration
 
     harness = make_router(predictions={"Qwen3-0.6B": prediction("Qwen3-0.6B", 0.5, 30, prompt_tokens=40),
@@ -75,7 +76,8 @@ def test_max_tokens_caps_the_output_lengths_costs_estimate_and_dispatch_record()
     assert candidate_of(result, "medium-0").predicted_cost_micro_usd == pytest.approx(41 * 0.072 + 50 * 0.287)
     assert harness.estimator.output_tokens[-1] <= 50
     (record,) = harness.store.records
-    assert record.request_id == "q" and record.predicted_output_tokens <= 50
+    predicted = {"small-0": 30, "medium-0": 200, "large-0": 300}[record.instance_id]
+    assert (record.request_id, record.predicted_output_tokens, record.max_tokens) == ("q", predicted, 50)
     # the predictor's own cost (an instance without prices) loses the tokens cut, at the catalogue's output price
     unpriced = make_router(instances=(Registration("a", "p", "Qwen3-8B", "http://a"),),
                            predictions={"Qwen3-8B": prediction("Qwen3-8B", 0.7, 200, cost=123.0, output_price=0.5)})
