@@ -38,6 +38,7 @@ class DispatchRecorder:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._writing = 0  # records being written now
+        self._closed = False  # after close(), a decision that ends late records nothing (Redis is being closed)
 
     def submit(self, record: DispatchRecord, traced: bool = True) -> None:
         """Queues the record (in the caller's span context: its span is a child of the decision's; none with
@@ -45,9 +46,9 @@ class DispatchRecorder:
         span = (self._tracer.start_span("bear.record", attributes={"bear.request_id": record.request_id,
                                                                   "bear.instance_id": record.instance_id})
                 if self._tracing and traced else trace.INVALID_SPAN)
-        if len(self._pending) >= self._max_pending:
-            self._metrics.unrecorded_dispatches.labels("queue-full").inc()
-            span.set_status(trace.StatusCode.ERROR, "dispatch queue full")
+        if self._closed or len(self._pending) >= self._max_pending:
+            self._metrics.unrecorded_dispatches.labels("closed" if self._closed else "queue-full").inc()
+            span.set_status(trace.StatusCode.ERROR, "router stopping" if self._closed else "dispatch queue full")
             span.end()
             return
         self._pending.append((record, span, time.perf_counter()))
@@ -59,7 +60,8 @@ class DispatchRecorder:
             await asyncio.sleep(0.001)
 
     async def close(self) -> None:
-        """Writes what is queued (briefly), then stops the writer."""
+        """Writes what is queued (briefly), then stops the writer; later records are dropped (counted)."""
+        self._closed = True
         try:
             await asyncio.wait_for(self.flush(), 1.0)
         except TimeoutError:

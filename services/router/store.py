@@ -57,6 +57,7 @@ class RedisStore:
         self._trimmed_at: dict[str, float] = {}  # by instance id: when its dispatches set was last trimmed
         self._forgotten_at = float("-inf")  # the last pass of _forget_expired
         self._undecodable = LogThrottle()  # by Redis key
+        self._closed = False  # after close(), no call opens a connection again (it would be left open)
 
     async def record_dispatches(self, records: Sequence[DispatchRecord]) -> None:
         ttl_s = redis_keys.DISPATCH_TTL_S
@@ -132,6 +133,7 @@ class RedisStore:
         return found, redis_new
 
     async def close(self) -> None:
+        self._closed = True
         await self._client.aclose()
 
     def _decoded(self, key: str, decode: Callable[[bytes], T], payload: bytes) -> T | None:
@@ -144,6 +146,8 @@ class RedisStore:
             return None
 
     async def _call(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
+        if self._closed:
+            raise DependencyUnavailable("redis", SKIPPED, f"{operation}: the router is stopping")
         if time.monotonic() < self._down_until:
             raise DependencyUnavailable("redis", SKIPPED, f"{operation}: Redis failed less than "
                                                           f"{self._retry_after_s:g} s ago")

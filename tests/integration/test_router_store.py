@@ -84,3 +84,21 @@ def test_dispatch_sets_are_trimmed_and_pods_long_gone_are_forgotten(redis_server
         assert sorted(store._trimmed_at) == ["pod-c"]
     finally:
         sync.close()
+
+
+def test_a_closed_store_opens_no_connection_again(redis_server: RedisServer) -> None:
+    from bear.router.signals import DependencyUnavailable
+
+    async def scenario() -> tuple[int, str]:
+        client = redis.asyncio.Redis.from_url(redis_server.url)
+        store = RedisStore(client, timeout_s=2.0)
+        await store.registrations()
+        await store.close()
+        with pytest.raises(DependencyUnavailable) as refused:
+            await store.record_dispatches([_dispatch("late", "pod-a", 1.0)])
+        pool = client.connection_pool
+        connections = [*pool._available_connections, *pool._in_use_connections]
+        return sum(c.is_connected for c in connections), refused.value.detail
+
+    open_connections, message = asyncio.run(scenario())
+    assert open_connections == 0 and "the router is stopping" in message

@@ -574,3 +574,19 @@ def test_registrations_are_refreshed_and_kept_when_redis_fails() -> None:
     harness.store.down = True
     asyncio.run(harness.router.refresh_instances())
     assert len(route(harness).candidates) == 1
+
+
+def test_a_decision_that_ends_after_the_router_closed_records_nothing() -> None:
+    """Closing flushes what was decided; a Route call still deciding then (its client gone, the server stopping)
+    would otherwise start a new writer on a Redis client being closed, and leave its connection open."""
+    harness = make_router()
+
+    async def scenario() -> None:
+        await harness.router.route(RouteQuery("before", "Summarize.", None, 500.0))
+        await harness.router.close()
+        await harness.router.route(RouteQuery("after", "Summarize.", None, 500.0))
+        await harness.router.flush()
+
+    asyncio.run(scenario())
+    assert [r.request_id for r in harness.store.records] == ["before"]
+    assert harness.metric("bear_router_unrecorded_dispatches_total", reason="closed") == 1
