@@ -369,7 +369,7 @@ $.Values.vllm.extraArgs) */}}
 {{- end -}}
 {{- range .args -}}
 {{- include "bear.checkArgShape" (dict "field" "vllm.extraArgs" "arg" .) -}}
-{{- $flag := regexReplaceAll "_" (first (splitList "=" (toString .))) "-" -}}
+{{- $flag := include "bear.flagName" . -}}
 {{- if has $flag $owned -}}
 {{- fail (printf "vllm.extraArgs: %s is a flag the chart sets for pools[%s]; set it through the values instead (the pool's engine settings, tensorParallelSize, servedModelName, vllm.port, vllm.asyncScheduling)" (toString .) $.pool.name) -}}
 {{- end -}}
@@ -387,11 +387,17 @@ would say otherwise): (dict "component" "router" "args" $.Values.router.extraArg
 {{- $field := printf "%s.extraArgs" .component -}}
 {{- range .args -}}
 {{- include "bear.checkArgShape" (dict "field" $field "arg" .) -}}
-{{- $flag := regexReplaceAll "_" (first (splitList "=" (toString .))) "-" -}}
+{{- $flag := include "bear.flagName" . -}}
 {{- if has $flag (index $owned $.component) -}}
 {{- fail (printf "%s: %s is a flag the chart sets for the %s from its values (the ports, Redis, the other components' addresses, the pools file, ...); set it through the values instead" $field (toString .) $.component) -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The flag an argument sets, as its program reads it: the part before "=", with "_" read as "-"
+("--max_num_seqs=8" → "--max-num-seqs"). */}}
+{{- define "bear.flagName" -}}
+{{- regexReplaceAll "_" (first (splitList "=" (toString .))) "-" -}}
 {{- end -}}
 
 {{/* One argument of a container: a flag and its value written as one item ("--max-model-len 32768") reaches the
@@ -410,7 +416,7 @@ of a pool's pod are its tensorParallelSize times this. Takes vllm.extraArgs. */}
 {{- $args := . -}}
 {{- range $i, $arg := $args -}}
 {{- $parts := splitList "=" (toString $arg) -}}
-{{- $flag := regexReplaceAll "_" (first $parts) "-" -}}
+{{- $flag := include "bear.flagName" $arg -}}
 {{- if has $flag (list "--pipeline-parallel-size" "-pp") -}}
 {{- if gt (len $parts) 1 -}}
 {{- $size = int (index $parts 1) -}}
