@@ -440,6 +440,9 @@ class Router:
         await self._recorder.flush()
 
     async def close(self) -> None:
+        if self._first_load is not None and not self._first_load.done():  # a task of its own, not the server's
+            self._first_load.cancel()
+            await asyncio.gather(self._first_load, return_exceptions=True)
         await self._recorder.close()
 
     async def refresh_forever(self, interval_s: float) -> None:

@@ -13,6 +13,8 @@ Every operation has a deadline (until one has succeeded, at least FIRST_CALL_TIM
 connection, and the first Route calls wait for the registrations it reads). After a failure the store stops calling
 Redis for `retry_after_s` (each call in that time fails at once), so that a Redis that hangs costs one deadline, not
 one per query; callers count the failures.
+`close` waits for the calls in flight (each ends by its deadline) before it closes the connections: a call that
+went on past them would open a new one, left open.
 A value that does not decode (another program's, or a broken writer's, under one of BEAR's keys) is skipped as if
 absent, with a warning the first time and every 100th per key (`bear.common.log_throttle`): it never fails a read of
 the others.
@@ -58,6 +60,7 @@ class RedisStore:
         self._forgotten_at = float("-inf")  # the last pass of _forget_expired
         self._undecodable = LogThrottle()  # by Redis key
         self._closed = False  # after close(), no call opens a connection again (it would be left open)
+        self._in_flight = 0  # calls started and not ended
 
     async def record_dispatches(self, records: Sequence[DispatchRecord]) -> None:
         ttl_s = redis_keys.DISPATCH_TTL_S
@@ -134,6 +137,9 @@ class RedisStore:
 
     async def close(self) -> None:
         self._closed = True
+        ends_by = time.monotonic() + max(self._timeout_s, FIRST_CALL_TIMEOUT_S) + 0.1  # the calls' deadlines
+        while self._in_flight and time.monotonic() < ends_by:
+            await asyncio.sleep(0.005)
         await self._client.aclose()
 
     def _decoded(self, key: str, decode: Callable[[bytes], T], payload: bytes) -> T | None:
@@ -152,6 +158,7 @@ class RedisStore:
             raise DependencyUnavailable("redis", SKIPPED, f"{operation}: Redis failed less than "
                                                           f"{self._retry_after_s:g} s ago")
         timeout_s = self._timeout_s if self._succeeded else max(self._timeout_s, FIRST_CALL_TIMEOUT_S)
+        self._in_flight += 1
         try:
             async with asyncio.timeout(timeout_s):  # in this task: nothing is left running after a deadline
                 result = await call()
@@ -163,6 +170,8 @@ class RedisStore:
             self._down_until = time.monotonic() + self._retry_after_s
             raise DependencyUnavailable("redis", redis_failure_code(error),
                                         f"{operation}: {type(error).__name__}: {error}") from None
+        finally:
+            self._in_flight -= 1
         self._succeeded = True
         return result
 

@@ -85,6 +85,7 @@ class FakeStore:
     stored: dict[str, DispatchRecord] = field(default_factory=dict)
     down: bool = False
     redis_new: bool = False  # the next read finds Redis new or back empty
+    delay_s: float = 0.0  # how long each read of the registrations takes
 
     def _check(self) -> None:
         if self.down:
@@ -103,6 +104,8 @@ class FakeStore:
         return {i: q for i, q in self.queues.items() if i in instance_ids and q.snapshot_age_ms <= max_age_s * 1e3}
 
     async def registrations(self) -> tuple[dict[str, Registration], bool]:
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
         self._check()
         redis_new, self.redis_new = self.redis_new, False
         return dict(self.registrations_), redis_new
@@ -127,7 +130,7 @@ def make_router(*, instances: Sequence[Registration] = INSTANCES,
                 predictions: Mapping[str, ModelPrediction] | None = None,
                 estimates: Mapping[str, InstanceEstimate] | None = None, default_policy: str = "bear",
                 fallback: str = "shortest-queue", clock_s: float = 1000.0, ttft_feedback_window: int = 64,
-                recent_dispatches_s: float = 0.25) -> Harness:
+                recent_dispatches_s: float = 0.25, refreshed: bool = True) -> Harness:
     if predictions is None:
         predictions = {"Qwen3-0.6B": prediction("Qwen3-0.6B", 0.5), "Qwen3-8B": prediction("Qwen3-8B", 0.7),
                        "Qwen3-32B": prediction("Qwen3-32B", 0.9)}
@@ -146,7 +149,8 @@ def make_router(*, instances: Sequence[Registration] = INSTANCES,
     router = Router(settings, InstancePool(lambda: {}), predictor, estimator, store, policies,
                     build_policy(fallback), Telemetry(provider.get_tracer("test"), RouterMetrics(registry)),
                     lambda text: len(text.split()), clock=lambda: clock[0])
-    asyncio.run(router.refresh_instances())  # as the refresh loop does at start-up
+    if refreshed:
+        asyncio.run(router.refresh_instances())  # as the refresh loop does at start-up
     return Harness(router, predictor, estimator, store, exporter, registry, clock)
 
 

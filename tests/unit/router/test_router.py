@@ -590,3 +590,20 @@ def test_a_decision_that_ends_after_the_router_closed_records_nothing() -> None:
     asyncio.run(scenario())
     assert [r.request_id for r in harness.store.records] == ["before"]
     assert harness.metric("bear_router_unrecorded_dispatches_total", reason="closed") == 1
+
+
+def test_closing_ends_the_first_read_of_the_registrations() -> None:
+    """The first Route calls wait for a read of the registrations in a task of its own: a client that gives up
+    leaves it running, and closing ends it (else it would go on with the Redis client closed under it)."""
+    harness = make_router(refreshed=False)
+    harness.store.delay_s = 10.0
+
+    async def scenario() -> list[asyncio.Task]:
+        call = asyncio.create_task(harness.router.route(RouteQuery("first", "Summarize.", None, 500.0)))
+        await asyncio.sleep(0.05)
+        call.cancel()  # the client gave up
+        await asyncio.gather(call, return_exceptions=True)
+        await harness.router.close()
+        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+    assert asyncio.run(scenario()) == []
