@@ -125,8 +125,9 @@ def _read_columns(path: Path) -> tuple[dict[str, list[Any]], bool]:
                         columns[name].append(None)
             return columns, True
         return _jsonl_columns(path), False
-    except OSError as error:
-        raise EvalsError(f"evals: cannot read {path}: {error.strerror or error}") from None
+    except OSError as error:  # Arrow's FileNotFoundError carries only the path: say what happened instead
+        reason = error.strerror or ("No such file or directory" if isinstance(error, FileNotFoundError) else error)
+        raise EvalsError(f"evals: cannot read {path}: {reason}") from None
     except (UnicodeDecodeError, csv.Error) as error:
         raise EvalsError(f"evals: {path} is not a readable {kind} file: {error}") from None
 

@@ -108,8 +108,9 @@ def test_csv_values_are_parsed_and_checked(tmp_path: Path) -> None:
 def test_unreadable_files(tmp_path: Path) -> None:
     with pytest.raises(EvalsError, match="unknown format"):
         read_eval_table(tmp_path / "evals.xlsx")
-    with pytest.raises(EvalsError, match="cannot read"):
-        read_eval_table(tmp_path / "absent.csv")
+    for name in ("absent.csv", "absent.parquet", "absent.jsonl"):
+        with pytest.raises(EvalsError, match=f"cannot read .*{name}: No such file or directory$"):
+            read_eval_table(tmp_path / name)
     (tmp_path / "bad.parquet").write_bytes(b"not parquet at all")
     with pytest.raises(EvalsError, match="not a readable Parquet file"):
         read_eval_table(tmp_path / "bad.parquet")
