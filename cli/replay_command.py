@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         case = parse_case(_read_json(args.case))
         result = replay(case.state, case.query, case.coefficients, horizon_s=case.horizon_s, record_batches=True,
-                        engine=ReplayEngine(args.engine))
+                        query_cached_tokens=case.query_cached_tokens, engine=ReplayEngine(args.engine))
         output = result_to_json(result)
     except (CaseError, InvalidState) as error:
         return _bad_input(str(error))
@@ -89,7 +89,8 @@ def _mean_estimate_us(case, repeat: int) -> float:
     prepared = prepare(case.state)
     start = time.perf_counter_ns()
     for _ in range(repeat):
-        estimate(prepared, case.query, case.coefficients, horizon_s=case.horizon_s)
+        estimate(prepared, case.query, case.coefficients, horizon_s=case.horizon_s,
+                 query_cached_tokens=case.query_cached_tokens)
     return (time.perf_counter_ns() - start) / repeat / 1000.0
 
 

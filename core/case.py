@@ -25,6 +25,7 @@ class Case:
     query: Query
     coefficients: BatchTimeCoefficients
     horizon_s: float = math.inf
+    query_cached_tokens: int = 0  # the query's prompt tokens the instance's prefix cache holds (replay's keyword)
 
 
 _ENGINE_INTS = {  # name: minimum
@@ -37,7 +38,7 @@ _ENGINE_INTS = {  # name: minimum
 }
 _ENGINE_BOOLS = ("enable_chunked_prefill", "scheduler_reserve_full_isl", "async_scheduling")
 _REQUEST_REQUIRED = ("id", "num_prompt_tokens", "num_computed_tokens", "num_output_tokens", "remaining_output_tokens")
-_REQUEST_OPTIONAL = ("num_allocated_blocks", "max_tokens", "num_output_placeholders")
+_REQUEST_OPTIONAL = ("num_allocated_blocks", "max_tokens", "num_output_placeholders", "cached_tokens")
 _TOP_LEVEL = ("engine", "free_blocks", "running", "waiting", "query", "batch_time")
 
 
@@ -51,14 +52,15 @@ def parse_case(document: Any) -> Case:
     shared = _int(obj, "shared_blocks", "shared_blocks", 0) if "shared_blocks" in obj else 0
     state = InstanceState(engine, _int(obj, "free_blocks", "free_blocks", 0), running, waiting, shared)
     query_obj = _object(obj["query"], "query")
-    _keys(query_obj, "query", required=("id", "num_prompt_tokens", "output_tokens"))
+    _keys(query_obj, "query", required=("id", "num_prompt_tokens", "output_tokens"), optional=("cached_tokens",))
     query = Query(
         _string(query_obj, "id", "query.id"),
         _int(query_obj, "num_prompt_tokens", "query.num_prompt_tokens", 1),
         _int(query_obj, "output_tokens", "query.output_tokens", 1),
     )
+    query_cached = _cached_tokens(query_obj, "query", query.num_prompt_tokens)
     horizon_s = _number(obj, "horizon_s", "horizon_s", positive=True) if "horizon_s" in obj else math.inf
-    return Case(state, query, _coefficients(_object(obj["batch_time"], "batch_time")), horizon_s)
+    return Case(state, query, _coefficients(_object(obj["batch_time"], "batch_time")), horizon_s, query_cached)
 
 
 def case_to_json(case: Case) -> dict[str, Any]:
@@ -73,6 +75,8 @@ def case_to_json(case: Case) -> dict[str, Any]:
                   "output_tokens": case.query.output_tokens},
         "batch_time": {name: getattr(case.coefficients, name) for name in ("b0", "b1", "b2", "b3")},
     }
+    if case.query_cached_tokens:
+        document["query"]["cached_tokens"] = case.query_cached_tokens
     if case.state.shared_blocks:
         document["shared_blocks"] = case.state.shared_blocks
     if math.isfinite(case.horizon_s):
@@ -99,6 +103,8 @@ def _request_to_json(r: ResidentRequest, *, waiting: bool) -> dict[str, Any]:
         item["max_tokens"] = max_tokens
     if r.num_output_placeholders:
         item["num_output_placeholders"] = r.num_output_placeholders
+    if r.cached_tokens:
+        item["cached_tokens"] = r.cached_tokens
     return item
 
 
@@ -161,7 +167,18 @@ def _request(item: Any, path: str, engine: EngineConfig, *, waiting: bool) -> Re
         num_allocated_blocks=blocks,
         max_tokens=max_tokens,
         num_output_placeholders=placeholders,
+        cached_tokens=_cached_tokens(obj, path, prompt),
     )
+
+
+def _cached_tokens(obj: dict[str, Any], path: str, prompt: int) -> int:
+    """Optional `cached_tokens` of a request or the query: 0 … its prompt length (default 0)."""
+    if "cached_tokens" not in obj:
+        return 0
+    cached = _int(obj, "cached_tokens", f"{path}.cached_tokens", 0)
+    if cached > prompt:
+        raise CaseError(f"{path}.cached_tokens: {cached} exceeds num_prompt_tokens ({prompt})")
+    return cached
 
 
 def _coefficients(obj: dict[str, Any]) -> BatchTimeCoefficients:

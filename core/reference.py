@@ -1,4 +1,4 @@
-"""The readable reference of the replay: vLLM V1's scheduler (0.32/0.33, FCFS, no prefix caching) step by step.
+"""The readable reference of the replay: vLLM V1's scheduler (0.32/0.33, FCFS) step by step.
 
 `ReferenceScheduler` is also a steppable model of an engine (requests can be added between steps), which the
 evaluation harness uses to simulate instances.
@@ -9,6 +9,9 @@ requests first, in admission order, then WAITING ones in queue order, all under 
 `update_from_output()`: every request whose scheduled tokens reached its last known token samples one, and requests
 reaching their length finish and free their KV blocks. Under async scheduling the output of step k is processed after
 step k+1 has been scheduled (EngineCore.step_with_batch_queue with two batches in flight).
+
+Prefix caching enters as an input only: a request's `cached_tokens` (the query's `query_cached_tokens`) say how much
+of its prompt the cache is expected to hold when it is admitted from the waiting queue (`prefix_cache_hit`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,12 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def prefix_cache_hit(cached_tokens: int, num_tokens: int, block_size: int) -> int:
+    """Computed tokens a request admitted from the waiting queue starts with, as vLLM's get_computed_blocks finds
+    them: the cached prefix in whole blocks, at most num_tokens - 1 (the last token is computed again to sample)."""
+    return min(cached_tokens, num_tokens - 1) // block_size * block_size
+
+
 @dataclass(slots=True, eq=False)  # identity: two requests with equal counts are still two requests
 class SchedulerRequest:
     id: str
@@ -40,6 +49,7 @@ class SchedulerRequest:
     max_tokens: int
     blocks: int
     where: str
+    cached: int = 0  # prompt tokens the prefix cache holds at an admission from WAITING (ResidentRequest.cached_tokens)
 
     @property
     def num_tokens(self) -> int:
@@ -86,7 +96,7 @@ class ReferenceScheduler:
         """The engine's state now, in vLLM's terms (remaining output tokens: up to each request's stop length)."""
         def resident(r: SchedulerRequest) -> ResidentRequest:
             return ResidentRequest(r.id, r.prompt, r.computed, r.output, max(r.stop_length - r.output, 1), r.blocks,
-                                   r.max_tokens, r.placeholders)
+                                   r.max_tokens, r.placeholders, r.cached)
 
         return InstanceState(self.engine, self.free_blocks, tuple(map(resident, self.running)),
                              tuple(map(resident, self.waiting)), self.shared_blocks)
@@ -95,7 +105,7 @@ class ReferenceScheduler:
         max_tokens = r.max_tokens if r.max_tokens is not None else self.engine.max_model_len - r.num_prompt_tokens
         return SchedulerRequest(
             r.id, r.num_prompt_tokens, r.num_computed_tokens, r.num_output_tokens, r.num_output_placeholders,
-            r.stop_length(self.engine), max_tokens, r.num_allocated_blocks, where,
+            r.stop_length(self.engine), max_tokens, r.num_allocated_blocks, where, r.cached_tokens,
         )
 
     def step(self) -> Step:
@@ -153,7 +163,13 @@ class ReferenceScheduler:
         engine = self.engine
         while budget > 0 and self.waiting and len(self.running) < engine.max_num_seqs:
             request = self.waiting[0]
-            tokens = request.num_tokens - request.computed
+            # A request starting from scratch first takes the cached part of its prompt (whole blocks): it starts with
+            # those tokens computed, and its chunk attends to them as context. Blocks stay conservative: the admission
+            # checks still reserve the whole sequence, and the request takes all its blocks, the cached ones too, from
+            # the free pool (exact when no running request holds the cached blocks, which then sit in vLLM's free
+            # queue; else vLLM takes fewer).
+            hit = prefix_cache_hit(request.cached, request.num_tokens, engine.block_size) if not request.computed else 0
+            tokens = request.num_tokens - request.computed - hit
             if 0 < threshold < tokens:
                 tokens = threshold
             if not engine.enable_chunked_prefill and tokens > budget:
@@ -165,9 +181,11 @@ class ReferenceScheduler:
                 full = _cdiv(min(request.num_tokens, engine.max_model_len), engine.block_size)
                 if full + watermark > self.free_blocks:
                     return
-            needed = max(_cdiv(min(request.computed + tokens, engine.max_model_len), engine.block_size) - request.blocks, 0)
+            needed = max(_cdiv(min(request.computed + hit + tokens, engine.max_model_len), engine.block_size)
+                         - request.blocks, 0)
             if needed + watermark > self.free_blocks:
                 return
+            request.computed += hit
             self.waiting.popleft()
             self.running.append(request)
             request.where = RUNNING
@@ -276,11 +294,13 @@ def replay_reference(
     query_time_s: float = 0.0,
     in_flight_s: float = 0.0,
     arrivals: Sequence[Arrival] = (),
+    query_cached_tokens: int = 0,
 ) -> ReplayResult:
     """Steps the reference scheduler until the query samples its first token; always records the batches.
 
     The query (and each of `arrivals`) joins the waiting queue before the first step scheduled at or after its
     arrival time. The TTFT runs from `query_time_s` to the end of the step that samples the query's first token.
+    `query_cached_tokens`: the query's prompt tokens this instance's prefix cache holds when it is admitted.
     """
     engine = state.engine
     scheduler = ReferenceScheduler(state)
@@ -288,7 +308,8 @@ def replay_reference(
         return _stopped(ReplayStatus.INFEASIBLE, Infeasibility.PROMPT_TOO_LONG, query.id, state, query, horizon_s)
     if _cdiv(query.num_prompt_tokens, engine.block_size) > engine.num_gpu_blocks:
         return _stopped(ReplayStatus.INFEASIBLE, Infeasibility.PROMPT_EXCEEDS_CACHE, query.id, state, query, horizon_s)
-    query_request = ResidentRequest(query.id, query.num_prompt_tokens, 0, 0, query.output_tokens)
+    query_request = ResidentRequest(query.id, query.num_prompt_tokens, 0, 0, query.output_tokens,
+                                    cached_tokens=query_cached_tokens)
     pending = deque(sorted([*arrivals, Arrival(query_time_s, query_request)], key=lambda a: a.time_s))
     clock = EngineClock(coefficients, async_scheduling=engine.async_scheduling, in_flight_s=in_flight_s)
     watched: SchedulerRequest | None = None
@@ -318,9 +339,9 @@ def replay_reference(
         if elapsed > horizon_s:
             return _stopped(ReplayStatus.EXCEEDS_HORIZON, Infeasibility.NONE, None, state, query, horizon_s,
                             batches, elapsed, scheduler.num_preemptions)
-        # A request alone in RUNNING could not grow within the whole cache: it can never complete (without prefix
-        # caching it needs at least as many blocks again when it resumes). Or nothing changed: the state is frozen
-        # until the next arrival, and for good if none is left.
+        # A request alone in RUNNING could not grow within the whole cache: it can never complete (it needs at least
+        # as many blocks again when it resumes: the replay takes even cached blocks from the free pool). Or nothing
+        # changed: the state is frozen until the next arrival, and for good if none is left.
         frozen = not step.scheduled and not step.preempted and not step.outputs_applied
         if step.doomed is not None or (frozen and not pending):
             head = step.doomed.id if step.doomed else (scheduler.waiting[0].id if scheduler.waiting else query.id)

@@ -8,6 +8,10 @@ The clock starts when the state was taken. A query (or an `Arrival` dispatched s
 joins the first step scheduled at or after it; under async scheduling the step executing when the state was taken
 still runs for `in_flight_s`. `replay(..., engine=ReplayEngine.REFERENCE)` runs the step-by-step Python reference
 instead; both give identical batches, first-token batch and time.
+
+Prefix caching: each resident request and arrival carries `cached_tokens`; the query's cache hit depends on the
+instance, so it is given per instance: `Target.query_cached_tokens`, or `query_cached_tokens=` of `estimate` and
+`replay` (the prompt tokens that instance's prefix cache holds when the query is admitted; default 0).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from bear.core.state import (
     ResidentRequest,
     check_arrivals,
     check_query,
+    check_query_cached_tokens,
     check_state,
 )
 
@@ -62,6 +67,7 @@ class Target:
     query_time_s: float = 0.0
     in_flight_s: float = 0.0
     arrivals: tuple[Arrival, ...] = ()
+    query_cached_tokens: int = 0  # prompt tokens of the query this instance's prefix cache holds when it is admitted
 
 
 def prepare(state: InstanceState) -> PreparedState:
@@ -79,10 +85,10 @@ def prepare(state: InstanceState) -> PreparedState:
 def _table(requests: Sequence[ResidentRequest]) -> np.ndarray:
     rows = [
         (r.num_prompt_tokens, r.num_computed_tokens, r.num_output_tokens, r.remaining_output_tokens,
-         r.num_allocated_blocks, r.max_tokens or 0, r.num_output_placeholders)
+         r.num_allocated_blocks, r.max_tokens or 0, r.num_output_placeholders, r.cached_tokens)
         for r in requests
     ]
-    return np.array(rows, dtype=np.int64).reshape(len(rows), 7)
+    return np.array(rows, dtype=np.int64).reshape(len(rows), 8)
 
 
 def estimate(
@@ -94,15 +100,17 @@ def estimate(
     query_time_s: float = 0.0,
     in_flight_s: float = 0.0,
     arrivals: Sequence[Arrival] = (),
+    query_cached_tokens: int = 0,
     record_batches: bool = False,
     shortcuts: bool = True,
     max_steps: int = DEFAULT_MAX_STEPS,
 ) -> ReplayResult:
     """Replays `prepared` with the compiled core until the query's first token (or the horizon)."""
-    target = Target(prepared, coefficients, query_time_s, in_flight_s, tuple(arrivals))
+    target = Target(prepared, coefficients, query_time_s, in_flight_s, tuple(arrivals), query_cached_tokens)
     _check(target, query)
-    native = _native.replay(prepared.native, _native_query(query), _native_coefficients(coefficients), horizon_s,
-                            record_batches, shortcuts, max_steps, query_time_s, in_flight_s, _native_arrivals(arrivals))
+    native = _native.replay(prepared.native, _native_query(query, query_cached_tokens),
+                            _native_coefficients(coefficients), horizon_s, record_batches, shortcuts, max_steps,
+                            query_time_s, in_flight_s, _native_arrivals(arrivals))
     return _result(native, target, query, horizon_s, record_batches)
 
 
@@ -112,7 +120,7 @@ def estimate_many(query: Query, targets: Sequence[Target], *, horizon_s: float =
         _check(target, query)
     natives = _native.replay_each(
         [_native.Candidate(t.prepared.native, _native_coefficients(t.coefficients), t.query_time_s, t.in_flight_s,
-                           _native_arrivals(t.arrivals)) for t in targets],
+                           _native_arrivals(t.arrivals), t.query_cached_tokens) for t in targets],
         _native_query(query),
         horizon_s,
     )
@@ -128,6 +136,7 @@ def replay(
     query_time_s: float = 0.0,
     in_flight_s: float = 0.0,
     arrivals: Sequence[Arrival] = (),
+    query_cached_tokens: int = 0,
     record_batches: bool = False,
     engine: ReplayEngine = ReplayEngine.NATIVE,
     shortcuts: bool = True,
@@ -136,13 +145,14 @@ def replay(
     """Replays `state` once with the chosen engine (raises InvalidState on an inconsistent state or query)."""
     if engine is ReplayEngine.NATIVE:
         return estimate(prepare(state), query, coefficients, horizon_s=horizon_s, query_time_s=query_time_s,
-                        in_flight_s=in_flight_s, arrivals=arrivals, record_batches=record_batches,
-                        shortcuts=shortcuts, max_steps=max_steps)
+                        in_flight_s=in_flight_s, arrivals=arrivals, query_cached_tokens=query_cached_tokens,
+                        record_batches=record_batches, shortcuts=shortcuts, max_steps=max_steps)
     check_state(state)
-    check_query(query, state, arrivals)
+    check_query(query, state, arrivals, query_cached_tokens)
     _check_timing(query_time_s, in_flight_s)
     result = replay_reference(state, query, coefficients, horizon_s=horizon_s, max_steps=max_steps,
-                              query_time_s=query_time_s, in_flight_s=in_flight_s, arrivals=arrivals)
+                              query_time_s=query_time_s, in_flight_s=in_flight_s, arrivals=arrivals,
+                              query_cached_tokens=query_cached_tokens)
     return result if record_batches else dataclasses.replace(result, batches=())
 
 
@@ -151,6 +161,7 @@ def _check(target: Target, query: Query) -> None:
         raise InvalidState("query: num_prompt_tokens and output_tokens must be >= 1")
     if query.id in target.prepared.id_set:
         raise InvalidState(f"query.id {query.id!r} is also a resident request's id")
+    check_query_cached_tokens(target.query_cached_tokens, query)
     _check_timing(target.query_time_s, target.in_flight_s)
     if target.arrivals:
         check_arrivals(target.arrivals, target.prepared.state.engine, set(target.prepared.id_set) | {query.id})
@@ -161,8 +172,8 @@ def _check_timing(query_time_s: float, in_flight_s: float) -> None:
         raise InvalidState("query_time_s must be finite and in_flight_s finite and >= 0")
 
 
-def _native_query(query: Query) -> _native.Query:
-    return _native.Query(query.num_prompt_tokens, query.output_tokens)
+def _native_query(query: Query, cached_tokens: int = 0) -> _native.Query:
+    return _native.Query(query.num_prompt_tokens, query.output_tokens, cached_tokens)
 
 
 def _native_arrivals(arrivals: Sequence[Arrival]) -> list[_native.Arrivals]:

@@ -27,6 +27,7 @@ class EngineConfig:
     scheduler_reserve_full_isl: bool = True
     watermark: float = 0.0  # fraction of all blocks (usable + null) kept free when admitting
     async_scheduling: bool = False
+    enable_prefix_caching: bool = False  # informational: the caller gives each request's hit (`cached_tokens`)
 
     @property
     def watermark_blocks(self) -> int:
@@ -46,6 +47,9 @@ class ResidentRequest:
     num_allocated_blocks: int = 0
     max_tokens: int | None = None  # None: max_model_len - num_prompt_tokens, as vLLM sets it
     num_output_placeholders: int = 0  # async: tokens the step in flight appends to the output
+    # Prompt-prefix tokens the prefix cache is expected to hold whenever the request is admitted from the waiting
+    # queue (a waiting request or an arrival; a running one once preempted): bear.core.reference.prefix_cache_hit.
+    cached_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -134,12 +138,20 @@ def check_state(state: InstanceState) -> None:
     _require(not twice, f"request ids must be unique: {', '.join(map(repr, twice))} more than once")
 
 
-def check_query(query: Query, state: InstanceState, arrivals: Sequence[Arrival] = ()) -> None:
+def check_query(query: Query, state: InstanceState, arrivals: Sequence[Arrival] = (), cached_tokens: int = 0) -> None:
+    """Checks the query, the prompt tokens the instance's prefix cache holds for it and the arrivals."""
     _require(query.num_prompt_tokens >= 1, "query.num_prompt_tokens must be >= 1")
     _require(query.output_tokens >= 1, "query.output_tokens must be >= 1")
+    check_query_cached_tokens(cached_tokens, query)
     taken = {r.id for r in state.running} | {r.id for r in state.waiting}
     _require(query.id not in taken, f"query.id {query.id!r} is also a resident request's id")
     check_arrivals(arrivals, state.engine, taken | {query.id})
+
+
+def check_query_cached_tokens(cached_tokens: int, query: Query) -> None:
+    _require(0 <= cached_tokens <= query.num_prompt_tokens,
+             f"query_cached_tokens must be in [0, query.num_prompt_tokens] ({query.num_prompt_tokens}), "
+             f"got {cached_tokens}")
 
 
 def check_arrivals(arrivals: Sequence[Arrival], engine: EngineConfig, taken_ids: set[str]) -> None:
@@ -159,6 +171,8 @@ def _resident_problem(request: ResidentRequest, engine: EngineConfig, *, waiting
         return "num_prompt_tokens must be >= 1"
     if min(counts) < 0 or request.num_output_placeholders < 0:
         return "token and block counts must be non-negative"
+    if not 0 <= request.cached_tokens <= request.num_prompt_tokens:
+        return "cached_tokens must be in [0, num_prompt_tokens]"
     if request.remaining_output_tokens < 1:
         return "remaining_output_tokens must be >= 1 (a request with nothing left to generate has finished)"
     if request.num_computed_tokens > request.num_tokens + request.num_output_placeholders - (0 if waiting else 1):

@@ -25,6 +25,7 @@ def engine_from_proto(message: snapshot_pb2.EngineConfig) -> EngineConfig:
         scheduler_reserve_full_isl=message.scheduler_reserve_full_isl,
         watermark=message.watermark,
         async_scheduling=message.async_scheduling,
+        enable_prefix_caching=message.enable_prefix_caching,
     )
 
 
@@ -41,6 +42,7 @@ class EngineFields(Protocol):
     scheduler_reserve_full_isl: bool
     watermark: float
     async_scheduling: bool
+    enable_prefix_caching: bool
 
 
 def engine_to_proto(engine: EngineFields) -> snapshot_pb2.EngineConfig:
@@ -55,6 +57,7 @@ def engine_to_proto(engine: EngineFields) -> snapshot_pb2.EngineConfig:
         scheduler_reserve_full_isl=engine.scheduler_reserve_full_isl,
         watermark=engine.watermark,
         async_scheduling=engine.async_scheduling,
+        enable_prefix_caching=engine.enable_prefix_caching,
     )
 
 

@@ -12,6 +12,16 @@ from tests.builders import cdiv
 tokens = st.one_of(st.integers(1, 40), st.integers(1, 400), st.integers(1, 4000))
 
 
+def cached_tokens(prompt: int, block_size: int) -> st.SearchStrategy[int]:
+    """Prompt tokens a prefix cache holds for a request: often none; else any part, whole blocks, or all of it."""
+    return st.one_of(
+        st.just(0), st.just(0), st.just(0),
+        st.integers(0, prompt),
+        st.integers(0, prompt // block_size).map(lambda blocks: blocks * block_size),
+        st.sampled_from(sorted({prompt, max(prompt - 1, 0), prompt // 2})),
+    )
+
+
 @st.composite
 def engines(draw: st.DrawFn) -> EngineConfig:
     budget = draw(st.one_of(st.sampled_from([16, 64, 512, 2048, 8192]), st.integers(1, 3000)))
@@ -44,7 +54,8 @@ def running_requests(draw: st.DrawFn, name: str, engine: EngineConfig) -> Reside
     remaining = draw(st.integers(1, 300))
     max_tokens = draw(st.none() | st.integers(output + 1, output + 400))
     blocks = cdiv(computed, engine.block_size) + draw(st.sampled_from([0, 0, 0, 1]))
-    return ResidentRequest(name, prompt, computed, output, remaining, blocks, max_tokens, placeholders)
+    cached = draw(cached_tokens(prompt, engine.block_size))  # applies if it is preempted and admitted again
+    return ResidentRequest(name, prompt, computed, output, remaining, blocks, max_tokens, placeholders, cached)
 
 
 @st.composite
@@ -52,7 +63,8 @@ def waiting_requests(draw: st.DrawFn, name: str, engine: EngineConfig) -> Reside
     prompt = min(draw(tokens), engine.max_model_len - 2)
     output = min(draw(st.sampled_from([0, 0, 0, 1, 30])), engine.max_model_len - prompt - 1)
     max_tokens = draw(st.none() | st.integers(output + 1, output + 400))
-    return ResidentRequest(name, prompt, 0, output, draw(st.integers(1, 300)), 0, max_tokens)
+    return ResidentRequest(name, prompt, 0, output, draw(st.integers(1, 300)), 0, max_tokens,
+                           cached_tokens=draw(cached_tokens(prompt, engine.block_size)))
 
 
 @st.composite
@@ -94,3 +106,8 @@ def timings(draw: st.DrawFn, state: InstanceState) -> dict[str, object]:
     )
     in_flight = draw(st.one_of(st.just(0.0), st.floats(0.0, 0.05))) if state.engine.async_scheduling else 0.0
     return {"query_time_s": draw(times), "in_flight_s": in_flight, "arrivals": arrivals}
+
+
+def query_cached_tokens(state: InstanceState, query: Query) -> st.SearchStrategy[int]:
+    """The query's prompt tokens the instance's prefix cache holds (replay's `query_cached_tokens`)."""
+    return cached_tokens(query.num_prompt_tokens, state.engine.block_size)

@@ -15,11 +15,11 @@ namespace {
 using Int64Table = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
 
 // Column order of a resident table: one row per request.
-constexpr py::ssize_t kResidentColumns = 7;
+constexpr py::ssize_t kResidentColumns = 8;
 
 std::vector<bear::Resident> residents_from(const Int64Table& table) {
   if (table.ndim() != 2 || table.shape(1) != kResidentColumns) {
-    throw std::invalid_argument("resident table must have shape (n, 7)");
+    throw std::invalid_argument("resident table must have shape (n, 8)");
   }
   std::vector<bear::Resident> residents(static_cast<size_t>(table.shape(0)));
   auto rows = table.unchecked<2>();
@@ -32,6 +32,7 @@ std::vector<bear::Resident> residents_from(const Int64Table& table) {
     r.num_allocated_blocks = rows(i, 4);
     r.max_tokens = rows(i, 5);
     r.num_output_placeholders = rows(i, 6);
+    r.cached_tokens = rows(i, 7);
   }
   return residents;
 }
@@ -74,13 +75,15 @@ bear::Result replay_one(const bear::PreparedState& state, const bear::Query& que
   return bear::replay(state, query, coefficients, options, arrivals);
 }
 
-// One estimate per instance: (state, coefficients, query time, in-flight time, arrivals) each.
+// One estimate per instance: (state, coefficients, query time, in-flight time, arrivals, the query's cached prompt
+// tokens there) each.
 struct Candidate {
   const bear::PreparedState* state;
   bear::BatchTimeCoefficients coefficients;
   double query_time_s;
   double in_flight_s;
   std::vector<bear::Arrival> arrivals;
+  int64_t query_cached_tokens;
 };
 
 std::vector<bear::Result> replay_each(const std::vector<Candidate>& candidates, const bear::Query& query,
@@ -88,7 +91,9 @@ std::vector<bear::Result> replay_each(const std::vector<Candidate>& candidates, 
   std::vector<bear::Result> results;
   results.reserve(candidates.size());
   for (const Candidate& c : candidates) {
-    results.push_back(replay_one(*c.state, query, c.coefficients, horizon_s, false, true, bear::Options{}.max_steps,
+    bear::Query here = query;
+    here.cached_tokens = c.query_cached_tokens;
+    results.push_back(replay_one(*c.state, here, c.coefficients, horizon_s, false, true, bear::Options{}.max_steps,
                                  c.query_time_s, c.in_flight_s, c.arrivals));
   }
   return results;
@@ -108,7 +113,8 @@ void register_replay(py::module_& m) {
       .def_readwrite("max_model_len", &bear::EngineConfig::max_model_len)
       .def_readwrite("scheduler_reserve_full_isl", &bear::EngineConfig::scheduler_reserve_full_isl)
       .def_readwrite("watermark", &bear::EngineConfig::watermark)
-      .def_readwrite("async_scheduling", &bear::EngineConfig::async_scheduling);
+      .def_readwrite("async_scheduling", &bear::EngineConfig::async_scheduling)
+      .def_readwrite("enable_prefix_caching", &bear::EngineConfig::enable_prefix_caching);
 
   py::class_<bear::PreparedState>(m, "PreparedState")
       .def(py::init(&make_state), py::arg("engine"), py::arg("free_blocks"), py::arg("running"), py::arg("waiting"),
@@ -116,8 +122,8 @@ void register_replay(py::module_& m) {
       .def_property_readonly("num_requests", [](const bear::PreparedState& s) { return s.requests.size(); });
 
   py::class_<bear::Query>(m, "Query")
-      .def(py::init([](int64_t prompt, int64_t output) { return bear::Query{prompt, output}; }),
-           py::arg("num_prompt_tokens"), py::arg("output_tokens"));
+      .def(py::init([](int64_t prompt, int64_t output, int64_t cached) { return bear::Query{prompt, output, cached}; }),
+           py::arg("num_prompt_tokens"), py::arg("output_tokens"), py::arg("cached_tokens") = 0);
 
   py::class_<bear::BatchTimeCoefficients>(m, "BatchTimeCoefficients")
       .def(py::init([](double b0, double b1, double b2, double b3) { return bear::BatchTimeCoefficients{b0, b1, b2, b3}; }),
@@ -162,14 +168,16 @@ void register_replay(py::module_& m) {
 
   py::class_<bear::Arrival>(m, "Arrivals");  // opaque: built by `arrivals`
   m.def("arrivals", &arrivals_from, py::arg("times"), py::arg("requests"),
-        "Arrivals from their times (shape (n,)) and a resident table (shape (n, 7))");
+        "Arrivals from their times (shape (n,)) and a resident table (shape (n, 8))");
   py::class_<Candidate>(m, "Candidate")
       .def(py::init([](const bear::PreparedState& state, const bear::BatchTimeCoefficients& coefficients,
-                       double query_time_s, double in_flight_s, std::vector<bear::Arrival> arrivals) {
-             return Candidate{&state, coefficients, query_time_s, in_flight_s, std::move(arrivals)};
+                       double query_time_s, double in_flight_s, std::vector<bear::Arrival> arrivals,
+                       int64_t query_cached_tokens) {
+             return Candidate{&state, coefficients, query_time_s, in_flight_s, std::move(arrivals),
+                              query_cached_tokens};
            }),
            py::arg("state"), py::arg("coefficients"), py::arg("query_time_s"), py::arg("in_flight_s"),
-           py::arg("arrivals"), py::keep_alive<1, 2>());
+           py::arg("arrivals"), py::arg("query_cached_tokens") = 0, py::keep_alive<1, 2>());
 
   m.def("replay", &replay_one, py::arg("state"), py::arg("query"), py::arg("coefficients"), py::arg("horizon_s"),
         py::arg("record_batches"), py::arg("shortcuts"), py::arg("max_steps"), py::arg("query_time_s"),

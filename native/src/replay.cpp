@@ -27,6 +27,9 @@ const char* resident_problem(const Resident& r, const EngineConfig& cfg, bool wa
       r.num_output_placeholders < 0) {
     return "token and block counts must be non-negative";
   }
+  if (r.cached_tokens < 0 || r.cached_tokens > r.num_prompt_tokens) {
+    return "cached_tokens must be in [0, num_prompt_tokens]";
+  }
   if (r.remaining_output_tokens < 1) return "remaining_output_tokens must be >= 1";
   // A running request always has a token left to compute (the step that computes its last one samples the next).
   if (r.num_computed_tokens > r.num_prompt_tokens + r.num_output_tokens + r.num_output_placeholders - (waiting ? 0 : 1)) {
@@ -83,6 +86,8 @@ void validate(const InstanceState& state) {
 
 void validate(const Query& query, const BatchTimeCoefficients& c) {
   require(query.num_prompt_tokens >= 1 && query.output_tokens >= 1, "query: token counts must be >= 1");
+  require(query.cached_tokens >= 0 && query.cached_tokens <= query.num_prompt_tokens,
+          "query: cached_tokens must be in [0, num_prompt_tokens]");
   for (const double b : {c.b0, c.b1, c.b2, c.b3}) {
     require(std::isfinite(b) && b >= 0.0, "batch time coefficients must be finite and >= 0");
   }

@@ -10,6 +10,12 @@ namespace bear::sim {
 
 inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Computed tokens a request admitted from WAITING starts with (vLLM's get_computed_blocks): its cached prefix in
+// whole blocks, at most num_tokens - 1 (the last token is computed again to sample from).
+inline int64_t prefix_cache_hit(int64_t cached_tokens, int64_t num_tokens, int64_t block_size) {
+  return std::min(cached_tokens, num_tokens - 1) / block_size * block_size;
+}
+
 enum class Mode : uint8_t { kExplicit, kLazy };
 
 struct Request : detail::Request {
@@ -34,6 +40,7 @@ inline detail::Request from_resident(const Resident& r, const EngineConfig& cfg,
   q.target = std::min({r.num_output_tokens + r.remaining_output_tokens, q.max_tokens,
                        cfg.max_model_len - r.num_prompt_tokens});
   q.blocks = r.num_allocated_blocks;
+  q.cached = r.cached_tokens;
   q.where = where;
   return q;
 }

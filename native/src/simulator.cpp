@@ -26,6 +26,7 @@ Simulator::Simulator(const PreparedState& state, const Query& query, const Batch
   Resident q;
   q.num_prompt_tokens = query.num_prompt_tokens;
   q.remaining_output_tokens = std::max<int64_t>(query.output_tokens, 1);
+  q.cached_tokens = query.cached_tokens;
   static_cast<detail::Request&>(reqs_[query_]) = from_resident(q, cfg_, detail::Where::kWaiting);
   arrivals_.emplace_back(options.query_time_s, query_);
   std::stable_sort(arrivals_.begin(), arrivals_.end(),
@@ -210,7 +211,10 @@ void Simulator::schedule_waiting(StepInfo& info, int64_t& budget, int64_t thresh
     const int32_t id = waiting_.back();
     Request& w = reqs_[id];
     const int64_t num_tokens = w.prompt + w.output;
-    int64_t tokens = num_tokens - w.computed;
+    // A request starting from scratch first takes the cached part of its prompt (see replay.hpp): those tokens start
+    // out computed and its chunk attends to them; its blocks, the cached ones too, still come from the free pool.
+    const int64_t hit = w.computed == 0 ? prefix_cache_hit(w.cached, num_tokens, cfg_.block_size) : 0;
+    int64_t tokens = num_tokens - w.computed - hit;
     if (threshold > 0 && threshold < tokens) tokens = threshold;
     if (!cfg_.enable_chunked_prefill && tokens > budget) break;
     tokens = std::min(tokens, budget);
@@ -221,8 +225,9 @@ void Simulator::schedule_waiting(StepInfo& info, int64_t& budget, int64_t thresh
       break;
     }
     const int64_t needed = std::max<int64_t>(
-        cdiv(std::min(w.computed + tokens, cfg_.max_model_len), cfg_.block_size) - w.blocks, 0);
+        cdiv(std::min(w.computed + hit + tokens, cfg_.max_model_len), cfg_.block_size) - w.blocks, 0);
     if (needed + watermark > free_blocks_) break;
+    w.computed += hit;
     waiting_.pop_back();
     admit(id);
     free_blocks_ -= needed;
@@ -583,9 +588,9 @@ Result Simulator::run() {
       finish(result, Status::kExceedsHorizon);
       return result;
     }
-    // A request alone in RUNNING could not grow within the whole cache: it can never complete (without prefix
-    // caching it needs at least as many blocks again when it resumes). Or nothing changed: the state is frozen until
-    // the next arrival, and for good if none is left.
+    // A request alone in RUNNING could not grow within the whole cache: it can never complete (it needs at least as
+    // many blocks again when it resumes: the replay takes even cached blocks from the free pool). Or nothing changed:
+    // the state is frozen until the next arrival, and for good if none is left.
     const bool frozen = info.num_tokens == 0 && !info.preempted && info.outputs_applied == 0;
     if (info.doomed >= 0 || (frozen && !arrival_pending())) {
       result.infeasibility = Infeasibility::kStuck;

@@ -68,7 +68,7 @@ def cdiv(a, b):
     return -(-a // b)
 
 
-def build_scheduler(eng, model_dir):
+def build_scheduler(eng, model_dir, prefix_caching=False):
     """vLLM's scheduler for engine dict `eng` (with num_gpu_blocks = usable blocks)."""
     mml, bs = eng["max_model_len"], eng["block_size"]
     sched_kw = dict(max_num_batched_tokens=eng["max_num_batched_tokens"],
@@ -80,14 +80,14 @@ def build_scheduler(eng, model_dir):
     vc = VllmConfig(
         model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True,
                                  max_model_len=mml, dtype="float32"),
-        cache_config=CacheConfig(block_size=bs, enable_prefix_caching=False),
+        cache_config=CacheConfig(block_size=bs, enable_prefix_caching=prefix_caching),
         scheduler_config=SchedulerConfig(max_model_len=mml, is_encoder_decoder=False,
                                          async_scheduling=eng["async_scheduling"],
                                          **sched_kw))
     # The CPU platform rewrites some fields (block size, async scheduling): set them back.
     num_blocks = eng["num_gpu_blocks"] + 1  # plus vLLM's null block
     vc.cache_config.block_size = bs
-    vc.cache_config.enable_prefix_caching = False
+    vc.cache_config.enable_prefix_caching = prefix_caching
     vc.cache_config.num_gpu_blocks = num_blocks
     vc.scheduler_config.async_scheduling = eng["async_scheduling"]
     for key, value in sched_kw.items():
@@ -108,8 +108,8 @@ def build_scheduler(eng, model_dir):
 class Engine:
     """A real vLLM scheduler, a fake model runner and EngineCore's stepping loop."""
 
-    def __init__(self, eng, model_dir):
-        self.sched = build_scheduler(eng, model_dir)
+    def __init__(self, eng, model_dir, prefix_caching=False):
+        self.sched = build_scheduler(eng, model_dir, prefix_caching)
         self.depth = 2 if eng["async_scheduling"] else 1  # batches in flight
         self.queue = deque()  # (scheduler output, runner output), newest first
         self.hidden = {}  # request id -> output length at which it stops

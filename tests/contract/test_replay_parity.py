@@ -12,7 +12,7 @@ from bear.core.batch_time import BatchTimeCoefficients
 from bear.core.replay import ReplayEngine, replay
 from bear.core.result import ReplayStatus
 from bear.core.state import EngineConfig, InstanceState, Query
-from tests.strategies import coefficients, queries, states, timings
+from tests.strategies import coefficients, queries, query_cached_tokens, states, timings
 
 EXAMPLES = int(os.environ.get("BEAR_PARITY_EXAMPLES", "3000"))
 # CI replays the same examples every run; BEAR_PARITY_RANDOM=1 explores new ones (long soak runs).
@@ -25,7 +25,8 @@ DERANDOMIZE = os.environ.get("BEAR_PARITY_RANDOM") != "1"
 def test_native_and_reference_give_identical_results(
     data: st.DataObject, state: InstanceState, query: Query, coefs: BatchTimeCoefficients, horizon_s: float
 ) -> None:
-    timing = data.draw(st.just({}) | timings(state))
+    timing = {**data.draw(st.just({}) | timings(state)),
+              "query_cached_tokens": data.draw(query_cached_tokens(state, query))}
     reference = replay(state, query, coefs, horizon_s=horizon_s, record_batches=True, engine=ReplayEngine.REFERENCE,
                        **timing)
     for shortcuts in (True, False):

@@ -55,6 +55,17 @@ def test_the_example_case_replays() -> None:
     json.dumps(result)
 
 
+def test_cached_tokens_of_requests_and_the_query_are_read_and_replayed() -> None:
+    document = _with("waiting.0.cached_tokens", 288)
+    document["query"]["cached_tokens"] = 640
+    case = parse_case(document)
+    assert (case.state.waiting[0].cached_tokens, case.query_cached_tokens) == (288, 640)
+    result = replay(case.state, case.query, case.coefficients, query_cached_tokens=case.query_cached_tokens,
+                    record_batches=True)
+    assert result_to_json(result)["batches"][0]["scheduled"] == {"a": 1, "b": 12, "q": 60}
+    assert parse_case(EXAMPLE).query_cached_tokens == 0 and parse_case(EXAMPLE).state.waiting[0].cached_tokens == 0
+
+
 def test_a_prefilling_request_keeps_its_computed_tokens() -> None:
     case = parse_case(_with("running.0.num_computed_tokens", 512))
     assert case.state.running[0].num_computed_tokens == 512
@@ -81,6 +92,9 @@ def test_a_prefilling_request_keeps_its_computed_tokens() -> None:
         ("waiting.0.colour", "red", "waiting[0].colour: unknown key"),
         ("query.id", "b", "query.id 'b' is also a resident request's id"),
         ("query.output_tokens", 0, "query.output_tokens: must be >= 1"),
+        ("query.cached_tokens", 701, "query.cached_tokens: 701 exceeds num_prompt_tokens (700)"),
+        ("waiting.0.cached_tokens", 301, "waiting[0].cached_tokens: 301 exceeds num_prompt_tokens (300)"),
+        ("running.0.cached_tokens", -1, "running[0].cached_tokens: must be >= 0"),
         ("batch_time.b2", -1e-9, "batch_time.b2: must be >= 0"),
         ("horizon_s", 0, "horizon_s: must be > 0"),
 

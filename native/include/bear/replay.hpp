@@ -1,6 +1,13 @@
-// BEA replay core: vLLM V1 batch formation (0.32/0.33, FCFS, no prefix caching) from an instance's state
-// up to a new query's first token, with the eq. 12 batch-time model. Pure: plain structs in, numbers out.
-// The readable Python reference (core/reference.py) implements the same rules step by step.
+// BEA replay core: vLLM V1 batch formation (0.32/0.33, FCFS) from an instance's state up to a new query's first
+// token, with the eq. 12 batch-time model. Pure: plain structs in, numbers out. The readable Python reference
+// (core/reference.py) implements the same rules step by step.
+//
+// Prefix caching is an input, not a model of the cache: each request (and the query) says how many of its prompt
+// tokens the cache is expected to hold when it is admitted from the waiting queue (`cached_tokens`). That many,
+// in whole blocks and at most num_tokens - 1, start out computed (vLLM's get_computed_blocks); the rest is prefilled,
+// attending to them as context. KV blocks stay conservative: admission still reserves the whole sequence and the
+// request takes all its blocks, the cached ones too, from the free pool, which is exact when the cached blocks are
+// free (in vLLM's free queue) and an overestimate when a running request holds them.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +28,7 @@ struct EngineConfig {
   bool scheduler_reserve_full_isl = true;
   double watermark = 0.0;                 // fraction of all blocks (usable + null) kept free at admission
   bool async_scheduling = false;
+  bool enable_prefix_caching = false;  // informational: each request's hit is given (cached_tokens)
 };
 
 // One resident request in vLLM's own terms.
@@ -32,6 +40,7 @@ struct Resident {
   int64_t num_allocated_blocks = 0;
   int64_t max_tokens = 0;               // <= 0: max_model_len - num_prompt_tokens, as vLLM sets it
   int64_t num_output_placeholders = 0;  // async: tokens the step in flight appends to the output
+  int64_t cached_tokens = 0;            // prompt tokens the prefix cache holds whenever it is admitted from WAITING
 };
 
 struct InstanceState {
@@ -52,6 +61,7 @@ struct Request {
   int64_t prompt = 0, computed = 0, output = 0, placeholders = 0;
   int64_t target = 0;  // output length at which the request stops
   int64_t max_tokens = 0, blocks = 0;
+  int64_t cached = 0;  // Resident::cached_tokens
   Where where = Where::kWaiting;
 };
 }  // namespace detail
@@ -67,9 +77,11 @@ struct PreparedState {
   int32_t num_running = 0;
 };
 
+// The query as one instance sees it: its cache hit differs from instance to instance.
 struct Query {
   int64_t num_prompt_tokens = 0;
   int64_t output_tokens = 1;
+  int64_t cached_tokens = 0;  // prompt tokens this instance's prefix cache holds when the query is admitted
 };
 
 struct BatchTimeCoefficients {

@@ -1,0 +1,155 @@
+"""Prefix-cache hits at admission (`cached_tokens`, `query_cached_tokens`), for both engines."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from bear.core.replay import ReplayEngine, Target, estimate, estimate_many, prepare
+from bear.core.state import Arrival, InstanceState, InvalidState, ResidentRequest
+from tests.builders import COEFFICIENTS, decoding, make_engine, make_query, make_state, queued, run, scheduled
+
+ENGINES = [ReplayEngine.NATIVE, ReplayEngine.REFERENCE]
+
+
+@pytest.fixture(params=ENGINES, ids=lambda e: e.value)
+def engine(request: pytest.FixtureRequest) -> ReplayEngine:
+    return request.param
+
+
+def cached(request: ResidentRequest, tokens: int) -> ResidentRequest:
+    return dataclasses.replace(request, cached_tokens=tokens)
+
+
+def test_a_cached_prefix_leaves_only_the_rest_to_prefill(engine: ReplayEngine) -> None:
+    idle = make_state(engine=make_engine(block_size=8))
+    query = make_query(prompt=4000)
+    assert scheduled(run(idle, query, engine)) == [{"q": 2048}, {"q": 1952}]
+    hit = run(idle, query, engine, query_cached_tokens=3000)
+    assert scheduled(hit) == [{"q": 1000}] and hit.first_token_batch == 1
+    # the chunk attends to the 3000 cached tokens as context (eq. 12): 1000·3000 + 1000·1001/2
+    features = hit.batches[0].features
+    assert (features.num_prefill_tokens, features.prefill_attention) == (1000, 3_000_000 + 500_500)
+
+
+def test_the_hit_is_whole_blocks(engine: ReplayEngine) -> None:
+    idle = make_state()  # 16-token blocks
+    assert scheduled(run(idle, make_query(prompt=4000), engine, query_cached_tokens=1000)) == [{"q": 2048}, {"q": 960}]
+    assert scheduled(run(idle, make_query(prompt=4000), engine, query_cached_tokens=15)) == [{"q": 2048}, {"q": 1952}]
+
+
+def test_an_identical_prompt_still_computes_its_last_token(engine: ReplayEngine) -> None:
+    idle = make_state()
+    # at most num_tokens - 1 cached, rounded down to blocks: 3999 -> 3984
+    assert scheduled(run(idle, make_query(prompt=4000), engine, query_cached_tokens=4000)) == [{"q": 16}]
+    # 4000 of 4001 are whole blocks: one token is left, and a step of one token counts as a decode
+    one = run(idle, make_query(prompt=4001), engine, query_cached_tokens=4001)
+    assert scheduled(one) == [{"q": 1}] and one.first_token_batch == 1
+    features = one.batches[0].features
+    assert (features.num_decode_tokens, features.decode_context, features.prefill_attention) == (1, 4000, 0)
+
+
+def test_chunks_after_the_hit_attend_to_it_and_to_each_other(engine: ReplayEngine) -> None:
+    result = run(make_state(engine=make_engine(block_size=8)), make_query(prompt=5000), engine,
+                 query_cached_tokens=1000)
+    assert scheduled(result) == [{"q": 2048}, {"q": 1952}]
+    first, second = (b.features.prefill_attention for b in result.batches)
+    assert first == 2048 * 1000 + 2048 * 2049 // 2
+    assert second == 1952 * 3048 + 1952 * 1953 // 2
+
+
+def test_waiting_requests_and_arrivals_take_their_hits_when_admitted(engine: ReplayEngine) -> None:
+    state = make_state(waiting=[cached(queued("w", prompt=3000), 2048)])
+    arrival = Arrival(0.0, cached(queued("x", prompt=500), 480))
+    result = run(state, make_query(prompt=1500), engine, arrivals=[arrival])
+    assert scheduled(result) == [{"w": 952, "x": 20, "q": 1076}, {"w": 1, "x": 1, "q": 424}]
+    plain = run(make_state(waiting=[queued("w", prompt=3000)]), make_query(prompt=1500), engine,
+                arrivals=[Arrival(0.0, queued("x", prompt=500))])
+    assert scheduled(plain)[:2] == [{"w": 2048}, {"w": 952, "x": 500, "q": 596}]
+
+
+def test_a_preempted_running_request_takes_its_hit_when_admitted_again(engine: ReplayEngine) -> None:
+    # 20 blocks, 1 free: a's next block takes it, so b (needing one too) preempts itself and waits for a's end.
+    state = make_state(running=[decoding("a", prompt=160, remaining=4), cached(decoding("b", prompt=144), 100)],
+                       engine=make_engine(num_gpu_blocks=20))
+    result = run(state, make_query(prompt=50), engine)
+    steps = scheduled(result)
+    assert steps[0] == {"a": 1} and result.num_preemptions == 1
+    # back from scratch: 145 tokens (prompt and its one output), 96 of them cached (whole blocks of 100)
+    assert steps[-1] == {"b": 49, "q": 50}
+    uncached = make_state(running=[decoding("a", prompt=160, remaining=4), decoding("b", prompt=144)],
+                          engine=make_engine(num_gpu_blocks=20))
+    assert scheduled(run(uncached, make_query(prompt=50), engine))[-1] == {"b": 145, "q": 50}
+
+
+def test_the_cached_blocks_still_come_from_the_free_pool(engine: ReplayEngine) -> None:
+    # Conservative (exact when the cached blocks are free, not held by a running request): the head of the queue
+    # needs its whole sequence's blocks free, however much of it is cached.
+    state = make_state(running=[decoding("a", prompt=16 * 9, remaining=3)], engine=make_engine(num_gpu_blocks=20))
+    result = run(state, make_query(prompt=16 * 12), engine, query_cached_tokens=16 * 11)
+    assert scheduled(result)[:3] == [{"a": 1}] * 3  # 10 free blocks, 12 needed: it waits for a's end
+    assert scheduled(result)[3] == {"q": 16} and result.first_token_batch == 4
+
+
+def test_one_query_has_a_hit_of_its_own_on_each_instance() -> None:
+    idle = prepare(make_state(engine=make_engine(block_size=8)))
+    query = make_query(prompt=4000)
+    targets = [Target(idle, COEFFICIENTS, query_cached_tokens=3000), Target(idle, COEFFICIENTS)]
+    many = estimate_many(query, targets)
+    assert [r.first_token_batch for r in many] == [1, 2]
+    assert many == [estimate(t.prepared, query, t.coefficients, query_cached_tokens=t.query_cached_tokens)
+                    for t in targets]
+    reference = run(idle.state, query, ReplayEngine.REFERENCE, query_cached_tokens=3000)
+    assert many[0].ttft_s == reference.ttft_s
+
+
+@pytest.mark.parametrize(
+    ("state", "options", "message"),
+    [
+        (make_state(waiting=[cached(queued("w", prompt=100), 101)]), {},
+         "waiting[0] (id 'w'): cached_tokens must be in [0, num_prompt_tokens]"),
+        (make_state(running=[cached(decoding("a"), -1)]), {},
+         "running[0] (id 'a'): cached_tokens must be in [0, num_prompt_tokens]"),
+        (make_state(), {"arrivals": [Arrival(0.0, cached(queued("x", prompt=10), 11))]},
+         "arrivals[0] (id 'x'): cached_tokens must be in [0, num_prompt_tokens]"),
+        (make_state(), {"query_cached_tokens": 101},
+         "query_cached_tokens must be in [0, query.num_prompt_tokens] (100), got 101"),
+        (make_state(), {"query_cached_tokens": -1},
+         "query_cached_tokens must be in [0, query.num_prompt_tokens] (100), got -1"),
+    ],
+    ids=["waiting-above-prompt", "running-negative", "arrival-above-prompt", "query-above-prompt", "query-negative"],
+)
+def test_cached_tokens_beyond_the_prompt_are_refused(engine: ReplayEngine, state: InstanceState,
+                                                     options: dict[str, object], message: str) -> None:
+    with pytest.raises(InvalidState, match=re.escape(message)):
+        run(state, make_query(prompt=100), engine, **options)
+
+
+def test_a_target_with_too_many_cached_query_tokens_is_refused() -> None:
+    target = Target(prepare(make_state()), COEFFICIENTS, query_cached_tokens=101)
+    with pytest.raises(InvalidState, match=re.escape("query_cached_tokens must be in [0, query.num_prompt_tokens]")):
+        estimate_many(make_query(prompt=100), [target])
+
+
+def test_the_native_core_refuses_them_too() -> None:
+    """bear.core.state checks first on every path; the compiled core checks the same itself."""
+    import numpy as np
+
+    from bear.core import _native
+    from bear.core.replay import _native_coefficients, _table
+
+    state = make_state(waiting=[cached(queued("w", prompt=100), 101)])
+    engine = _native.EngineConfig()
+    for field in dataclasses.fields(state.engine):
+        setattr(engine, field.name, getattr(state.engine, field.name))
+    with pytest.raises(ValueError, match=re.escape("waiting[0]: cached_tokens must be in [0, num_prompt_tokens]")):
+        _native.PreparedState(engine, state.free_blocks, _table(()), _table(state.waiting))
+    prepared = _native.PreparedState(engine, state.free_blocks, _table(()), _table(()))
+    replay_args = (_native_coefficients(COEFFICIENTS), float("inf"), False, True, 1000, 0.0, 0.0)
+    with pytest.raises(ValueError, match=re.escape("query: cached_tokens must be in [0, num_prompt_tokens]")):
+        _native.replay(prepared, _native.Query(100, 1, cached_tokens=101), *replay_args, [])
+    arrivals = _native.arrivals(np.zeros(1), _table(state.waiting))
+    with pytest.raises(ValueError, match=re.escape("arrival: cached_tokens must be in [0, num_prompt_tokens]")):
+        _native.replay(prepared, _native.Query(100, 1), *replay_args, arrivals)
