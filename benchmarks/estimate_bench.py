@@ -68,7 +68,7 @@ def _measure(instances: int, residents: int, calls: int) -> tuple[float, float]:
         raise SystemExit(f"the estimator did not replay: {answers[0].reason}")
     # the replay alone on the very inputs the estimator builds for it
     targets = [estimator._target(estimator._instances[i], estimator.calibration(i),  # noqa: SLF001
-                                 estimator.snapshot(i), query, now_s - NOW_S) for i in ids]
+                                 estimator.snapshot(i), query, now_s - NOW_S, 0) for i in ids]
     return (_median_us(lambda: estimator.estimate(query, ids, now_s), calls),
             _median_us(lambda: estimate_many(query, targets), calls))
 

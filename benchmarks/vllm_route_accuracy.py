@@ -26,7 +26,7 @@ from pathlib import Path
 
 from bear.cli.arguments import MAX_SEED, seed
 
-from arguments import folder, output_file, positive_number, positive_int
+from arguments import folder, int_at_least, output_file, positive_int, positive_number
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the harness lives with the tests (tests/vllm_accuracy.py)
@@ -39,7 +39,13 @@ def main() -> int:
     args = parse_args()
     defaults = harness.AccuracySettings()
     settings = dataclasses.replace(defaults, num_queries=args.queries, rate_qps=args.rate, load=args.load,
-                                   num_warmup_queries=args.warmup, seed=args.seed)
+                                   num_warmup_queries=args.warmup, seed=args.seed,
+                                   shared_prefix_tokens=args.shared_prefix_tokens,
+                                   num_shared_prefixes=args.shared_prefixes)
+    if settings.shared_prefix_tokens > settings.max_prompt_tokens - settings.min_prompt_tokens:
+        sys.exit(f"--shared-prefix-tokens: at most {settings.max_prompt_tokens - settings.min_prompt_tokens} (the "
+                 f"prompts are at most {settings.max_prompt_tokens} tokens, their own part at least "
+                 f"{settings.min_prompt_tokens})")
     with tempfile.TemporaryDirectory(prefix="vllm-accuracy-") as temporary:
         work = args.keep or Path(temporary)
         work.mkdir(parents=True, exist_ok=True)
@@ -76,6 +82,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         f"finite number > 0 (default {defaults.load:g}; below 1 the engine also batches)")
     parser.add_argument("--seed", type=seed, default=defaults.seed,
                         help=f"an integer in [0, {MAX_SEED}] (default {defaults.seed})")
+    parser.add_argument("--shared-prefix-tokens", type=int_at_least(0), default=defaults.shared_prefix_tokens,
+                        help="prefix caching: every prompt opens with one of --shared-prefixes texts of this many "
+                        "tokens, as a system prompt (default 0: no two prompts share a prefix)")
+    parser.add_argument("--shared-prefixes", type=positive_int, default=defaults.num_shared_prefixes,
+                        help=f"how many shared prefixes (default {defaults.num_shared_prefixes})")
     parser.add_argument("--json", type=output_file, help="write the queries and the summary here (its folder must "
                         "exist)")
     parser.add_argument("--keep", type=folder, help="a folder for the logs, made if missing (default: a temporary "

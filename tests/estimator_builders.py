@@ -18,7 +18,8 @@ BLOCK_SIZE = 16
 
 def engine(**overrides: object) -> snapshot_pb2.EngineConfig:
     settings: dict[str, object] = dict(max_num_batched_tokens=2048, max_num_seqs=256, block_size=BLOCK_SIZE,
-                                       num_gpu_blocks=1000, max_model_len=32768, enable_chunked_prefill=True)
+                                       num_gpu_blocks=1000, max_model_len=32768, enable_chunked_prefill=True,
+                                       enable_prefix_caching=True)
     settings.update(overrides)
     return snapshot_pb2.EngineConfig(**settings)  # type: ignore[arg-type]
 

@@ -12,7 +12,7 @@ from bear.snapshotter.writer import RegionWriter
 ENGINE = EngineSettings(max_num_batched_tokens=2048, max_num_seqs=8, block_size=16, num_gpu_blocks=999,
                         long_prefill_token_threshold=0, max_model_len=4096, watermark=0.01,
                         enable_chunked_prefill=True, scheduler_reserve_full_isl=True, async_scheduling=False,
-                        model="qwen3-test")
+                        model="qwen3-test", enable_prefix_caching=True)
 
 
 @dataclass

@@ -67,6 +67,10 @@ class AccuracySettings:
     seed: int = 0
     min_prompt_tokens: int = 16  # prompt lengths: log-uniform in [min, max]
     max_prompt_tokens: int = 1500
+    # Prefix caching: each prompt opens with one of `num_shared_prefixes` texts of this many tokens (a system prompt),
+    # its own part log-uniform in [min_prompt_tokens, max_prompt_tokens - shared_prefix_tokens]; 0: none
+    shared_prefix_tokens: int = 0
+    num_shared_prefixes: int = 1
     min_max_tokens: int = 8  # max_tokens: uniform in [min, max]
     max_max_tokens: int = 128
     ttft_slo_ms: float = 600_000.0  # every estimate feasible: the policy routes, never sheds
@@ -102,6 +106,8 @@ class QueryMeasurement:
     output_tokens: int = 0
     engine_arrival_s: float = 0.0  # from the step ring (0: not found)
     engine_first_token_s: float = 0.0
+    cached_prompt_tokens: int = 0  # the estimate's: prompt tokens the engine's prefix cache likely held
+    engine_cached_tokens: int = 0  # the engine's: its computed tokens when it first scheduled the query
     error: str = ""
 
     @property
@@ -122,7 +128,8 @@ class QueryMeasurement:
 def plan_workload(settings: AccuracySettings, count: int, seed: int, prefix: str,
                   rate_qps: float = 1.0) -> list[PlannedQuery]:
     """`count` queries with Poisson send times at `rate_qps`, prompts of generated text cut to a log-uniform length.
-    Each prompt opens with a text no other prompt opens with, so that no two share a prefix (and a prefix-cache hit).
+    Each prompt opens with a text no other prompt opens with, so that no two share a prefix (and a prefix-cache hit),
+    unless `settings.shared_prefix_tokens` puts one of the shared prefixes (`shared_prefixes`) before it.
     The rate only scales the send times: the same seed plans the same queries at any rate."""
     from bear.demo.assets import demo_prompts
 
@@ -130,15 +137,35 @@ def plan_workload(settings: AccuracySettings, count: int, seed: int, prefix: str
     texts = [p.text for p in demo_prompts(seed, 2 * count)]
     openings = rng.permutation(len(texts))
     gaps = rng.exponential(1.0 / rate_qps, count)
-    lengths = np.exp(rng.uniform(math.log(settings.min_prompt_tokens), math.log(settings.max_prompt_tokens), count))
+    longest = settings.max_prompt_tokens - settings.shared_prefix_tokens
+    if longest < settings.min_prompt_tokens:
+        raise ValueError(f"shared_prefix_tokens ({settings.shared_prefix_tokens}) leaves less than min_prompt_tokens "
+                         f"({settings.min_prompt_tokens}) of max_prompt_tokens ({settings.max_prompt_tokens})")
+    lengths = np.exp(rng.uniform(math.log(settings.min_prompt_tokens), math.log(longest), count))
+    prefixes = shared_prefixes(settings)
     planned, send_at_s = [], 0.0
     for index in range(count):
         send_at_s += float(gaps[index]) if index else 0.0
         prompt = _prompt_of_length(texts, int(openings[index % len(texts)]), int(lengths[index]), rng)
         max_tokens = int(rng.integers(settings.min_max_tokens, settings.max_max_tokens + 1))
+        if prefixes:
+            prompt = f"{prefixes[int(rng.integers(len(prefixes)))]} {prompt}"
         planned.append(PlannedQuery(index, f"{prefix}-{index}", prompt, len(PRETOKEN.findall(prompt)), max_tokens,
                                     send_at_s))
     return planned
+
+
+def shared_prefixes(settings: AccuracySettings) -> list[str]:
+    """The prefixes prompts share (`shared_prefix_tokens` tokens each; none when 0): the same for a run's warm-up and
+    measured queries, as a deployment's system prompts are."""
+    if settings.shared_prefix_tokens <= 0:
+        return []
+    from bear.demo.assets import demo_prompts
+
+    rng = np.random.default_rng(settings.seed + 7919)
+    texts = [p.text for p in demo_prompts(settings.seed + 7919, 4 * settings.num_shared_prefixes)]
+    return [_prompt_of_length(texts, index, settings.shared_prefix_tokens, rng)
+            for index in range(settings.num_shared_prefixes)]
 
 
 def engine_time_alone_s(coefficients: BatchTimeCoefficients, prompt_tokens: int, max_tokens: int,
@@ -210,6 +237,15 @@ class StepLog:
         self._stop.set()
         self._thread.join(5)
         self._reader.close()
+
+    def cache_hits(self) -> dict[str, int]:
+        """Router request id → the prompt tokens the engine found in its prefix cache (its computed tokens when it
+        first scheduled the request)."""
+        found: dict[str, int] = {}
+        for index in sorted(self.steps):
+            for entry in self.steps[index].entries:
+                found.setdefault(router_request_id(entry.request_id), entry.num_computed_tokens)
+        return found
 
     def first_tokens(self) -> dict[str, tuple[float, float]]:
         """Router request id → (engine arrival, end of the step that computed its last prompt token)."""
@@ -301,9 +337,10 @@ def run_queries(stack: Stack, planned: Sequence[PlannedQuery], settings: Accurac
                 thread.join(600)
     wait_until(lambda: _idle(stack), 60, "the engine to go idle")
     time.sleep(3 * stack.step_log._interval_s)
-    first_tokens = stack.step_log.first_tokens()
+    first_tokens, hits = stack.step_log.first_tokens(), stack.step_log.cache_hits()
     for result in results:
         result.engine_arrival_s, result.engine_first_token_s = first_tokens.get(result.request_id, (0.0, 0.0))
+        result.engine_cached_tokens = hits.get(result.request_id, 0)
     return results
 
 
@@ -325,6 +362,7 @@ def _one(router: RouterClient, server: VllmServer, query: PlannedQuery, result: 
         chosen = next(c for c in decision.candidates if c.instance_id == decision.instance_id)
         result.predicted_ttft_ms = chosen.predicted_ttft_ms if chosen.ttft_known else None
         result.ttft_method, result.snapshot_age_ms = chosen.ttft_method, chosen.snapshot_age_ms
+        result.cached_prompt_tokens = chosen.cached_prompt_tokens
         _complete(server, decision.request_id, query, result)
         router.report_outcome(decision.request_id, observed_ttft_ms=result.client_ttft_ms or 0.0,
                               output_tokens=result.output_tokens,
@@ -450,6 +488,10 @@ class Summary:
     median_route_ms: float
     num_prompt_token_mismatches: int  # router's count ≠ the engine's
     num_missed_steps: int
+    num_engine_hits: int = 0  # measured queries the engine found part of in its prefix cache
+    num_estimated_hits: int = 0  # measured queries whose estimate took a prefix as cached
+    num_exact_hits: int = 0  # measured queries whose estimated cached tokens were the engine's
+    median_hit_error_tokens: float = 0.0  # median |estimated − engine's cached tokens| over the measured queries
 
     def lines(self) -> list[str]:
         return [
@@ -462,7 +504,10 @@ class Summary:
             f"median API-server time (client - engine TTFT) {self.median_frontend_ms:.1f} ms; median Route-to-send "
             f"{self.median_route_ms:.1f} ms; prompt-token mismatches {self.num_prompt_token_mismatches}; "
             f"steps missed by the step log {self.num_missed_steps}",
-        ]
+        ] + ([f"prefix cache: the engine found a cached prefix for {self.num_engine_hits} queries, the estimates for "
+              f"{self.num_estimated_hits}; the same cached tokens for {self.num_exact_hits} of {self.num_measured} "
+              f"(median |estimated - engine's| {self.median_hit_error_tokens:.0f} tokens)"]
+             if self.num_engine_hits or self.num_estimated_hits else [])
 
 
 def summarise(results: Sequence[QueryMeasurement], num_missed_steps: int = 0) -> Summary:
@@ -492,6 +537,10 @@ def summarise(results: Sequence[QueryMeasurement], num_missed_steps: int = 0) ->
         num_prompt_token_mismatches=sum(r.engine_prompt_tokens != r.prompt_tokens for r in results
                                         if r.engine_prompt_tokens),
         num_missed_steps=num_missed_steps,
+        num_engine_hits=sum(r.engine_cached_tokens > 0 for r in measured),
+        num_estimated_hits=sum(r.cached_prompt_tokens > 0 for r in measured),
+        num_exact_hits=sum(r.cached_prompt_tokens == r.engine_cached_tokens for r in measured),
+        median_hit_error_tokens=median([abs(r.cached_prompt_tokens - r.engine_cached_tokens) for r in measured]),
     )
 
 

@@ -5,7 +5,9 @@ The harness records every snapshot published on Redis's channel (`SnapshotLog`, 
 end, the routers' dispatch records. For a query estimated at `t` (its dispatch time: the router records it right after
 the estimate), `diagnose` takes the latest snapshot that had arrived by then, adds the queries dispatched since it was
 taken and not in it (as the estimator does), and replays it with every resident's true remaining length (outputs are
-exactly max_tokens here), recording the batches. Against the step ring it reports:
+exactly max_tokens here) and, under prefix caching, the prompt tokens each waiting request, arrival and the query
+found cached (their computed tokens when the engine first scheduled them), recording the batches. Against the step
+ring it reports:
 
 - `age_ms`: t − taken_at of that snapshot; `num_added`: dispatches added as arrivals; `num_in_transit`: queries routed
   before the snapshot was taken that had not reached the engine's queue by then (neither resident nor added);
@@ -23,7 +25,7 @@ import bisect
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import redis
@@ -96,7 +98,7 @@ def diagnose(queries: Sequence[QueryFacts], snapshots: Sequence[tuple[float, sna
     by_id = {q.request_id: q for q in queries}
     received = sorted(snapshots, key=lambda pair: pair[0])
     arrived_at = [at for at, _ in received]
-    first_step, first_token_step, arrival = _engine_facts(steps)
+    first_step, first_token_step, arrival, hits = _engine_facts(steps)
     found = []
     for query in queries:
         dispatch = dispatches.get(query.request_id)
@@ -110,30 +112,34 @@ def diagnose(queries: Sequence[QueryFacts], snapshots: Sequence[tuple[float, sna
         if not snapshot.HasField("batch_time"):
             continue
         found.append(_diagnose_one(query, t, snapshot, by_id, dispatches, steps, first_step, first_token_step,
-                                   arrival))
+                                   arrival, hits))
     return found
 
 
-def _engine_facts(steps: Mapping[int, StepRecord]) -> tuple[dict[str, int], dict[str, int], dict[str, float]]:
-    """Router request id → the first step scheduling it, the step computing its last prompt token, its arrival."""
+def _engine_facts(steps: Mapping[int, StepRecord]) -> tuple[dict[str, int], dict[str, int], dict[str, float],
+                                                            dict[str, int]]:
+    """Router request id → the first step scheduling it, the step computing its last prompt token, its arrival, and
+    the prompt tokens it found in the prefix cache (its computed tokens when first scheduled)."""
     first_step: dict[str, int] = {}
     first_token_step: dict[str, int] = {}
     arrival: dict[str, float] = {}
+    hits: dict[str, int] = {}
     for index in sorted(steps):
         for entry in steps[index].entries:
             key = router_request_id(entry.request_id)
             first_step.setdefault(key, index)
             arrival.setdefault(key, entry.arrival_time_s)
+            hits.setdefault(key, entry.num_computed_tokens)
             if key not in first_token_step and (entry.num_computed_tokens + entry.num_scheduled_tokens
                                                 >= entry.num_prompt_tokens):
                 first_token_step[key] = index
-    return first_step, first_token_step, arrival
+    return first_step, first_token_step, arrival, hits
 
 
 def _diagnose_one(query: QueryFacts, t: float, snapshot: snapshot_pb2.InstanceSnapshot,
                   by_id: Mapping[str, QueryFacts], dispatches: Mapping[str, router_pb2.DispatchRecord],
                   steps: Mapping[int, StepRecord], first_step: Mapping[str, int], first_token_step: Mapping[str, int],
-                  arrival: Mapping[str, float]) -> Diagnosis:
+                  arrival: Mapping[str, float], hits: Mapping[str, int]) -> Diagnosis:
     coefficients = coefficients_from_proto(snapshot.batch_time).at_speed(snapshot.step_time_ratio)  # as the estimator
     residents = {router_request_id(r.request_id) for r in (*snapshot.running, *snapshot.waiting)}
     # True remaining lengths: outputs are exactly max_tokens.
@@ -145,11 +151,17 @@ def _diagnose_one(query: QueryFacts, t: float, snapshot: snapshot_pb2.InstanceSn
             continue
         if snapshot.taken_at_s < record.dispatched_at_s < t:
             added.append(Arrival(record.dispatched_at_s - snapshot.taken_at_s,
-                                 ResidentRequest(other_id, other.prompt_tokens, 0, 0, other.max_tokens)))
+                                 ResidentRequest(other_id, other.prompt_tokens, 0, 0, other.max_tokens,
+                                                 cached_tokens=min(hits.get(other_id, 0), other.prompt_tokens))))
         elif record.dispatched_at_s <= snapshot.taken_at_s and first_step.get(other_id, -1) >= snapshot.next_step_index:
             in_transit += 1
+    # The engine's own prefix-cache hits, for the query, the arrivals and the snapshot's waiting requests.
+    state = replace(state, waiting=tuple(replace(r, cached_tokens=min(hits.get(router_request_id(r.id), 0),
+                                                                      r.num_prompt_tokens)) for r in state.waiting))
+    hit = min(hits.get(query.request_id, 0), query.prompt_tokens)
     result = estimate(prepare(state), Query(query.request_id, query.prompt_tokens, query.max_tokens), coefficients,
-                      query_time_s=t - snapshot.taken_at_s, arrivals=added, record_batches=True)
+                      query_time_s=t - snapshot.taken_at_s, arrivals=added, query_cached_tokens=hit,
+                      record_batches=True)
     last = first_token_step[query.request_id]
     real = [steps[i] for i in range(snapshot.next_step_index, last + 1) if i in steps]
     predicted_s = sum(coefficients.time_s(_features(s)) for s in real)

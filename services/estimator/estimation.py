@@ -11,6 +11,9 @@ ahead of the query — those dispatched more than DISPATCH_TRANSIT_S before the 
 in its state never did (never sent, refused by vLLM), and would otherwise make an idle instance look busy for as long
 as it stays idle. Residents' remaining output lengths come from their predicted length at dispatch, conditioned on
 what they have generated (`RemainingTokens`). A missing or too old snapshot falls back to the LPS closed form.
+On an engine with prefix caching (its snapshot says), the query, the requests dispatched since the snapshot and the
+snapshot's waiting requests are admitted with the part of their prompt the instance's prefix cache likely holds
+(`PrefixIndex`, fed by the prompts routed there: the router names each prompt's prefix blocks), and prefill the rest.
 
 An instance whose sidecar has no eq. 12 fit yet (a new replica, a replaced pod: its engine has executed too few
 steps) is replayed with the coefficients of a calibrated peer — the same model on an engine of the same settings and
@@ -46,10 +49,12 @@ import numpy as np
 from bear.core.batch_time import BatchFeatures, BatchTimeCoefficients
 from bear.core.lps import LpsParameters, lps_ttft_s
 from bear.core.prefill_throughput import backlog_ttft_s, remaining_prefill_tokens
+from bear.core.reference import prefix_cache_hit
 from bear.core.replay import PreparedState, Target, estimate_many, prepare
 from bear.core.result import ReplayStatus
 from bear.core.state import Arrival, InvalidState, Query, ResidentRequest
 from bear.core.wire import state_from_snapshot
+from bear.estimator.prefix_index import PrefixIndex
 from bear.v1 import snapshot_pb2
 
 # E[remaining output tokens] of residents of one model: (model, predicted output tokens at dispatch, tokens generated,
@@ -79,6 +84,7 @@ class Dispatch:
     num_prompt_tokens: int
     predicted_output_tokens: float  # the predictor's mean length
     max_tokens: int | None = None  # the request's max_tokens, where the router was given it
+    prefix_hashes: bytes = b""  # the prompt's prefix blocks (bear.common.prefix_blocks), where the router had its text
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +106,7 @@ class TtftEstimate:
     lower_bound: bool = False  # the replay stopped at its horizon: the TTFT is at least this
     reason: str = ""
     prefill_tps_ttft_s: float | None = None  # eq. 8 on the same snapshot, for the prefill-throughput ablation
+    cached_tokens: int = 0  # the query's prompt tokens the replay took as found in the prefix cache
 
 
 class _Dispatches:
@@ -114,14 +121,16 @@ class _Dispatches:
         self._times: list[float] = []  # ascending
         self._ids: list[str] = []  # aligned with _times
 
-    def add(self, dispatch: Dispatch) -> None:
+    def add(self, dispatch: Dispatch) -> bool:
+        """Keeps the dispatch (replacing one of the same request id); whether its request id is new."""
         known = self.by_id.get(dispatch.request_id)
         self.by_id[dispatch.request_id] = dispatch
         if known is not None and known.dispatched_at_s == dispatch.dispatched_at_s:
-            return
+            return False
         at = bisect.bisect_right(self._times, dispatch.dispatched_at_s)  # nearly always the end
         self._times.insert(at, dispatch.dispatched_at_s)
         self._ids.insert(at, dispatch.request_id)
+        return known is None
 
     def since(self, after_s: float) -> Iterator[Dispatch]:
         """Dispatches made after `after_s`, in dispatch order."""
@@ -150,6 +159,7 @@ class _Instance:
     step_in_progress: InProgress | None = None  # of `snapshot`
     calibration: Calibration | None = None
     dispatches: _Dispatches = field(default_factory=_Dispatches)
+    prefixes: PrefixIndex = field(default_factory=PrefixIndex)  # what its prefix cache likely holds
 
 
 class Estimator:
@@ -196,7 +206,9 @@ class Estimator:
 
     def record_dispatch(self, dispatch: Dispatch) -> None:
         instance = self._instance(dispatch.instance_id)
-        instance.dispatches.add(dispatch)
+        if instance.dispatches.add(dispatch):
+            output_tokens = min(dispatch.predicted_output_tokens, dispatch.max_tokens or math.inf)
+            instance.prefixes.add(dispatch.prefix_hashes, output_tokens, dispatch.dispatched_at_s)
 
     def update_snapshot(self, snapshot: snapshot_pb2.InstanceSnapshot, now_s: float,
                         remaining: RemainingTokens | None = None) -> bool:
@@ -214,9 +226,15 @@ class Estimator:
             if snapshot.taken_at_s == current.taken_at_s and snapshot.read_at_s > current.read_at_s:
                 current.read_at_s = snapshot.read_at_s
             return False
+        if current is not None and snapshot.sequence_number < current.sequence_number:
+            instance.prefixes.clear()  # the engine started over (its steps counted from 0): so did its prefix cache
+        instance.prefixes.set_capacity(snapshot.engine.num_gpu_blocks, snapshot.engine.block_size)
         lengths = self._residents_remaining(instance, (*snapshot.running, *snapshot.waiting),
                                             remaining or self._remaining)
-        prepared = prepare(state_from_snapshot(snapshot, lambda r: lengths[r.request_id]))
+        state = state_from_snapshot(snapshot, lambda r: lengths[r.request_id])
+        if snapshot.engine.enable_prefix_caching:
+            state = dataclasses.replace(state, waiting=tuple(self._with_cache_hit(instance, r) for r in state.waiting))
+        prepared = prepare(state)
         instance.snapshot, instance.prepared = snapshot, prepared
         instance.prefill_backlog_tokens = remaining_prefill_tokens(prepared.state)
         instance.step_in_progress = step_in_progress(snapshot)
@@ -240,8 +258,9 @@ class Estimator:
         return None if instance.prepared is None else instance.pending_decode_tokens
 
     def estimate(self, query: Query, instance_ids: Iterable[str], now_s: float,
-                 horizon_s: float = math.inf) -> list[TtftEstimate]:
-        """One estimate per instance for `query` arriving at `now_s` (replays in one call into the compiled core)."""
+                 horizon_s: float = math.inf, prefix_hashes: bytes = b"") -> list[TtftEstimate]:
+        """One estimate per instance for `query` arriving at `now_s` (replays in one call into the compiled core);
+        `prefix_hashes`: its prompt's prefix blocks, for the part each instance's prefix cache likely holds."""
         ids = list(instance_ids)
         max_age_s = self._max_age_s + (FEED_OUTAGE_GRACE_S if self.feed_cut_off else 0.0)
         replayable, targets, ages = [], [], []
@@ -263,7 +282,9 @@ class Estimator:
                 continue
             replayable.append((instance_id, calibration, borrowed_from))
             ages.append(age)
-            targets.append(self._target(instance, calibration, snapshot, query, now_s - snapshot.taken_at_s))
+            cached = prefix_cache_hit(instance.prefixes.cached_tokens(prefix_hashes, now_s), query.num_prompt_tokens,
+                                      snapshot.engine.block_size) if snapshot.engine.enable_prefix_caching else 0
+            targets.append(self._target(instance, calibration, snapshot, query, now_s - snapshot.taken_at_s, cached))
         for (instance_id, calibration, borrowed_from), age, target, result in zip(
                 replayable, ages, targets, _replay_each(query, targets, horizon_s), strict=True):
             if isinstance(result, InvalidState):
@@ -271,6 +292,8 @@ class Estimator:
                                                       reason=f"cannot replay: {result}")
                 continue
             estimate = self._from_replay(instance_id, calibration, target, query, age, result)
+            if target.query_cached_tokens:
+                estimate = dataclasses.replace(estimate, cached_tokens=target.query_cached_tokens)
             notes = [f"not calibrated yet: eq. 12 coefficients of {borrowed_from} (same model and engine)"] \
                 if borrowed_from else []
             if age > self._max_age_s:
@@ -293,13 +316,17 @@ class Estimator:
         return "", None
 
     def _target(self, instance: _Instance, calibration: Calibration, snapshot: snapshot_pb2.InstanceSnapshot,
-                query: Query, since_taken_s: float) -> Target:
+                query: Query, since_taken_s: float, query_cached_tokens: int) -> Target:
         assert instance.prepared is not None
         known = instance.prepared.id_set
+        prefixes = instance.prefixes if snapshot.engine.enable_prefix_caching else None
         arrivals = tuple(
             Arrival(d.dispatched_at_s - snapshot.taken_at_s,
                     ResidentRequest(d.request_id, d.num_prompt_tokens, 0, 0, max(1, round(d.predicted_output_tokens)),
-                                    max_tokens=d.max_tokens))
+                                    max_tokens=d.max_tokens,
+                                    cached_tokens=0 if prefixes is None else min(
+                                        prefixes.cached_tokens(d.prefix_hashes, d.dispatched_at_s),
+                                        d.num_prompt_tokens)))
             for d in instance.dispatches.since(max(snapshot.taken_at_s, snapshot.read_at_s - DISPATCH_TRANSIT_S))
             if d.request_id not in known and d.request_id != query.id
             and 0 < d.num_prompt_tokens < snapshot.engine.max_model_len  # vLLM rejects longer prompts at once
@@ -307,7 +334,16 @@ class Estimator:
         in_progress = instance.step_in_progress
         return Target(instance.prepared, calibration.coefficients, query_time_s=since_taken_s,
                       in_flight_s=0.0 if in_progress is None else in_progress.remaining_s(calibration.coefficients),
-                      arrivals=arrivals)
+                      arrivals=arrivals, query_cached_tokens=query_cached_tokens)
+
+    def _with_cache_hit(self, instance: _Instance, request: ResidentRequest) -> ResidentRequest:
+        """A waiting resident with the part of its prompt the prefix cache likely holds when it is admitted."""
+        dispatch = instance.dispatches.by_id.get(self._request_key(request.id))
+        if dispatch is None or not dispatch.prefix_hashes:
+            return request
+        cached = min(instance.prefixes.cached_tokens(dispatch.prefix_hashes, dispatch.dispatched_at_s),
+                     request.num_prompt_tokens)
+        return dataclasses.replace(request, cached_tokens=cached) if cached else request
 
     def _from_replay(self, instance_id: str, calibration: Calibration, target: Target, query: Query, age: float,
                      result) -> TtftEstimate:  # noqa: ANN001 - bear.core.result.ReplayResult

@@ -59,7 +59,7 @@ class EstimatorServicer(estimator_pb2_grpc.EstimatorServicer):
             self._record_all(request.recent_dispatches)
         estimator = self._estimator
         ids = call.instance_ids or tuple(estimator.instance_ids())
-        estimates = estimator.estimate(call.query, ids, self._clock(), call.horizon_s)
+        estimates = estimator.estimate(call.query, ids, self._clock(), call.horizon_s, call.prefix_hashes)
         reply = estimator_pb2.EstimateResponse(
             estimates=[instance_estimate(estimate, self._facts(estimate.instance_id)) for estimate in estimates])
         for method, count in Counter(estimate.method for estimate in estimates).items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from bear.common.prefix_blocks import check_hashes
 from bear.core.batch_time import BatchTimeCoefficients
 from bear.core.state import Query
 from bear.core.wire import coefficients_from_proto
@@ -33,6 +34,7 @@ class EstimateCall:
     query: Query
     instance_ids: tuple[str, ...]  # empty: every known instance
     horizon_s: float  # math.inf: no limit
+    prefix_hashes: bytes = b""  # the prompt's prefix blocks (bear.common.prefix_blocks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +61,12 @@ def estimate_call(request: estimator_pb2.EstimateRequest, default_query_id: str)
                              f"{MAX_RECENT_DISPATCHES}")
     if any(not instance_id for instance_id in request.instance_ids):
         raise InvalidRequest("instance_ids must not contain an empty id")
+    problem = check_hashes(request.prompt_prefix_hashes, "prompt_prefix_hashes")
+    if problem is not None:
+        raise InvalidRequest(problem)
     query = Query(request.query_id or default_query_id, request.prompt_tokens, max(1, round(output)))
     horizon_s = request.horizon_ms / 1000 if request.horizon_ms > 0 else math.inf
-    return EstimateCall(query, tuple(dict.fromkeys(request.instance_ids)), horizon_s)
+    return EstimateCall(query, tuple(dict.fromkeys(request.instance_ids)), horizon_s, request.prompt_prefix_hashes)
 
 
 def instance_estimate(estimate: TtftEstimate, facts: InstanceFacts) -> estimator_pb2.InstanceEstimate:
@@ -86,18 +91,22 @@ def instance_estimate(estimate: TtftEstimate, facts: InstanceFacts) -> estimator
         num_running=facts.num_running,
         num_waiting=facts.num_waiting,
         pending_decode_tokens=facts.pending_decode_tokens,
+        cached_prompt_tokens=estimate.cached_tokens,
     )
 
 
 def dispatch_from_record(record: router_pb2.DispatchRecord, instance_id: str, model: str) -> Dispatch | None:
     """The dispatch a router recorded, as the estimator uses it (`instance_id` and `model` where the record names
-    none); None for a record that cannot be one (no id, a prompt of no tokens, a length that is not a number)."""
+    none); None for a record that cannot be one (no id, a prompt of no tokens, a length that is not a number). Prefix
+    blocks that cannot be (bear.common.prefix_blocks.check_hashes) are left out: the rest of the record stands."""
     output = record.predicted_output_tokens
     if (not record.request_id or record.prompt_tokens < 1 or not math.isfinite(record.dispatched_at_s)
             or not (math.isfinite(output) and 0 <= output <= MAX_OUTPUT_TOKENS)):
         return None
+    hashes = record.prompt_prefix_hashes
     return Dispatch(record.request_id, record.instance_id or instance_id, record.model or model,
-                    record.dispatched_at_s, record.prompt_tokens, max(1.0, output), record.max_tokens or None)
+                    record.dispatched_at_s, record.prompt_tokens, max(1.0, output), record.max_tokens or None,
+                    hashes if check_hashes(hashes, "") is None else b"")
 
 
 def coefficients_from_message(message: calibration_pb2.BatchTimeCoefficients) -> BatchTimeCoefficients | None:

@@ -29,6 +29,7 @@ class CandidateView:
     feasible: bool
     score: float
     snapshot_age_ms: float
+    cached_prompt_tokens: int = 0  # the estimator's: prompt tokens the instance's prefix cache likely holds
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +63,7 @@ class DispatchRecord:
     ttft_offset_ms: float = 0.0  # the instance's learnt offset, added to the estimator's TTFT
     ttft_exact: bool = False  # the replay's own TTFT (not a lower bound at the horizon, not LPS): teaches the offset
     max_tokens: int = 0  # the request's max_tokens given to Route (0: none); predicted_output_tokens is not capped
+    prompt_prefix_hashes: bytes = b""  # the prompt's prefix blocks (bear.common.prefix_blocks; b"": unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +106,8 @@ def describe(instances: Sequence[InstanceInfo], candidates: Sequence[Candidate],
             candidate.instance_id, candidate.model, instance.endpoint, candidate.accuracy, candidate.output_tokens,
             candidate.prompt_tokens, candidate.cost_micro_usd,
             score.utility if score is not None else math.nan, known, ttft_ms, method, bool(feasible),
-            score.score if score is not None else math.nan, -1.0 if age is None else age))
+            score.score if score is not None else math.nan, -1.0 if age is None else age,
+            estimate.cached_prompt_tokens if estimate is not None else 0))
     return tuple(views)
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import grpc
+    import numpy as np
     from opentelemetry import trace
     from prometheus_client import CollectorRegistry
 
@@ -88,7 +89,7 @@ async def build(config: RouterConfig, registry: CollectorRegistry | None = None,
     from bear.router.telemetry import RouterMetrics, Telemetry
 
     policies, fallback = build_policies(config)
-    count_tokens = token_counter(config.tokenizer)
+    tokenize = prompt_tokenizer(config.tokenizer)
     discovery = open_discovery(config.discovery)
     try:
         discovery.start()
@@ -114,7 +115,7 @@ async def build(config: RouterConfig, registry: CollectorRegistry | None = None,
                               config.fallback_snapshot_max_age_s, config.ttft_feedback_window,
                               config.recent_dispatches_s)
     router = Router(settings, InstancePool(discovery.instances, discovery.pools, config.forget_after_s),
-                    predictor, estimator, store, policies, fallback, telemetry, count_tokens)
+                    predictor, estimator, store, policies, fallback, telemetry, tokenize)
     logger.info("router: predictor %s, estimator %s, Redis %s, %d pool(s) (%s discovery), default policy %s, "
                 "fallback %s", config.predictor_address, config.estimator_address, config.redis.describe(),
                 len(discovery.pools), config.discovery.mode, config.default_policy, config.fallback_policy)
@@ -151,12 +152,11 @@ def _built_policy(build_policy: Callable[..., Any], name: str, params: dict[str,
         raise ValueError(f"BEAR_ROUTER_POLICY_PARAMS: {'' if named else f'policy {name!r}: '}{error}") from None
 
 
-def token_counter(name: str) -> Callable[[str], int]:
-    """Counts a prompt's tokens (the estimator needs a length before the predictor answers)."""
+def prompt_tokenizer(name: str) -> Callable[[str], np.ndarray]:
+    """A prompt's token keys (the estimator needs a length and the prefix blocks before the predictor answers)."""
     from bear.predictor.tokenizers import get_tokenizer
 
-    tokenizer = get_tokenizer(name)
-    return lambda text: len(tokenizer.token_keys(text))
+    return get_tokenizer(name).token_keys
 
 
 async def serve(config: RouterConfig) -> None:

@@ -24,9 +24,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 from opentelemetry import trace
 
 from bear.common.messages import shown
+from bear.common.prefix_blocks import prefix_block_hashes
 from bear.common.redis_keys import DISPATCH_TTL_S
 from bear.common.redis_config import honour_cancellation
 from bear.router.decision import DispatchRecord, Outcome, RouteResult, describe
@@ -69,8 +71,10 @@ class Predictions(Protocol):
 
 class Estimates(Protocol):
     async def estimate(self, query_id: str, prompt_tokens: int, output_tokens: float, instance_ids: Sequence[str],
-                       horizon_ms: float, recent: Sequence[DispatchRecord] = ()) -> Mapping[str, InstanceEstimate]:
-        """`recent`: this router's latest dispatches, for the estimator to count before Redis tells it."""
+                       horizon_ms: float, recent: Sequence[DispatchRecord] = (),
+                       prefix_hashes: bytes = b"") -> Mapping[str, InstanceEstimate]:
+        """`recent`: this router's latest dispatches, for the estimator to count before Redis tells it;
+        `prefix_hashes`: the prompt's prefix blocks (bear.common.prefix_blocks), for its prefix-cache hits."""
 
 
 class Store(Protocol):
@@ -113,14 +117,15 @@ class _Inputs:
 class Router:
     def __init__(self, settings: RouterSettings, pool: InstancePool, predictor: Predictions, estimator: Estimates,
                  store: Store, policies: Mapping[str, Policy], fallback: Policy, telemetry: Telemetry,
-                 count_tokens: Callable[[str], int], clock: Callable[[], float] = time.time) -> None:
+                 tokenize: Callable[[str], np.ndarray], clock: Callable[[], float] = time.time) -> None:
+        """`tokenize`: a prompt's token keys (bear.predictor.tokenizers), counted and named by prefix blocks."""
         if settings.default_policy not in policies:
             raise ValueError(f"the default policy {settings.default_policy!r} is not among the policies")
         self._settings, self._pool, self._predictor, self._estimator = settings, pool, predictor, estimator
         self._store, self._policies, self._fallback = store, dict(policies), fallback
         self._last_resort = build_policy("round-robin")
         self._telemetry, self._metrics = telemetry, telemetry.metrics
-        self._count_tokens, self._clock = count_tokens, clock
+        self._tokenize, self._clock = tokenize, clock
         self._policy_names = frozenset(policies)
         self._observations = ObservationBook(OBSERVATION_WINDOW, THROUGHPUT_WINDOW_S, clock(),
                                              settings.ttft_feedback_window)
@@ -168,8 +173,8 @@ class Router:
 
     async def _decide(self, query: RouteQuery, policy: Policy, started: float) -> tuple[RouteResult, int]:
         instances = await self._instances(query)
-        prompt_tokens = await self._prompt_tokens(query)
-        inputs = await self._gather(query, prompt_tokens, instances)
+        prompt_tokens, prefix_hashes = await self._prompt_tokens(query)
+        inputs = await self._gather(query, prompt_tokens, prefix_hashes, instances)
         candidates = build_candidates(inputs.instances, prompt_tokens, inputs.predictions, inputs.estimates,
                                       inputs.queues, self._observations, self._clock(),
                                       self._settings.default_output_tokens, query.max_tokens)
@@ -189,7 +194,7 @@ class Router:
         chosen = next((i for i, c in enumerate(candidates) if c.instance_id == choice.instance_id), None)
         if choice.decision is Decision.ROUTE and chosen is not None:
             self._record(query, candidates[chosen], (inputs.estimates or {}).get(candidates[chosen].instance_id),
-                         inputs.predictions)
+                         inputs.predictions, prefix_hashes)
         instance = inputs.instances[chosen] if chosen is not None else None
         result = RouteResult(
             request_id=query.request_id, decision=choice.decision,
@@ -210,22 +215,28 @@ class Router:
             raise NoInstances(f"no ready instance{models}")
         return instances
 
-    async def _prompt_tokens(self, query: RouteQuery) -> int:
+    async def _prompt_tokens(self, query: RouteQuery) -> tuple[int, bytes]:
+        """The prompt's length in tokens and its prefix blocks (none for a length-only query)."""
         if query.prompt is None:
             assert query.prompt_tokens is not None
-            return query.prompt_tokens
+            return query.prompt_tokens, b""
         if len(query.prompt) > LONG_PROMPT_CHARS:
-            tokens = await asyncio.to_thread(self._count_tokens, query.prompt)
+            tokens, hashes = await asyncio.to_thread(self._tokens_and_prefixes, query.prompt)
         else:
-            tokens = self._count_tokens(query.prompt)
+            tokens, hashes = self._tokens_and_prefixes(query.prompt)
         check_prompt_tokens(tokens, self._settings.limits)
-        return max(1, tokens)
+        return max(1, tokens), hashes
 
-    async def _gather(self, query: RouteQuery, prompt_tokens: int, instances: tuple[InstanceInfo, ...]) -> _Inputs:
+    def _tokens_and_prefixes(self, prompt: str) -> tuple[int, bytes]:
+        keys = self._tokenize(prompt)
+        return len(keys), prefix_block_hashes(keys)
+
+    async def _gather(self, query: RouteQuery, prompt_tokens: int, prefix_hashes: bytes,
+                      instances: tuple[InstanceInfo, ...]) -> _Inputs:
         """Predictions and estimates in parallel; queue lengths from Redis when the estimator failed."""
         ids = [i.instance_id for i in instances]
         (predictions, predict_error), (estimates, estimate_error) = await asyncio.gather(
-            self._predict(query), self._estimate(query, prompt_tokens, ids))
+            self._predict(query), self._estimate(query, prompt_tokens, prefix_hashes, ids))
         instances, predictions, predict_error = self._covered(instances, predictions, predict_error)
         queues = await self._snapshot_queues(ids) if estimate_error is not None else None
         for instance_id, queue in (queues or {}).items():  # the fallback's snapshots are the ones behind it now
@@ -245,14 +256,15 @@ class Router:
                 _failed(span, error)
                 return None, error
 
-    async def _estimate(self, query: RouteQuery, prompt_tokens: int, instance_ids: list[str]
+    async def _estimate(self, query: RouteQuery, prompt_tokens: int, prefix_hashes: bytes, instance_ids: list[str]
                         ) -> tuple[Mapping[str, InstanceEstimate] | None, DependencyUnavailable | None]:
         horizon_ms = (self._settings.horizon_factor * query.ttft_slo_ms / 1000 + 1.0) * 1000
         with self._telemetry.stage("estimate") as span:
             try:
                 output_tokens = min(self._settings.default_output_tokens, query.max_tokens or math.inf)
                 estimates = await self._estimator.estimate(query.request_id, prompt_tokens, output_tokens,
-                                                           instance_ids, horizon_ms, self._latest_dispatches())
+                                                           instance_ids, horizon_ms, self._latest_dispatches(),
+                                                           prefix_hashes)
             except DependencyUnavailable as error:
                 self._metrics.dependency_failed("estimator", error.code)
                 _failed(span, error)
@@ -323,7 +335,7 @@ class Router:
         return choice, fallback, f"{'; '.join(problems)}: {fallback.name} ({source})"
 
     def _record(self, query: RouteQuery, chosen: Candidate, estimate: InstanceEstimate | None,
-                predictions: Mapping[str, ModelPrediction] | None) -> None:
+                predictions: Mapping[str, ModelPrediction] | None, prefix_hashes: bytes) -> None:
         """The dispatch, in memory and (soon, see bear.router.recorder) in Redis, with the estimator's TTFT (0: none)
         to measure outcomes against. Its length is the predictor's mean, not capped at max_tokens (which goes
         along): the estimator's remaining lengths are drawn about that mean and capped at max_tokens, as for the
@@ -337,7 +349,7 @@ class Router:
         exact = known and estimate is not None and estimate.method == "replay" and not estimate.lower_bound
         record = DispatchRecord(query.request_id, chosen.instance_id, chosen.model, self._clock(),
                                 chosen.prompt_tokens, length, predicted_ttft_ms, query.ttft_slo_ms, offset_ms, exact,
-                                query.max_tokens or 0)
+                                query.max_tokens or 0, prefix_hashes)
         self._recent.add(record)
         self._recorder.submit(record)
 

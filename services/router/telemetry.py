@@ -206,5 +206,6 @@ def record_decision(span: trace.Span, result: RouteResult, prompt_tokens: int) -
             "bear.feasible": c.feasible,
             "bear.score": c.score,
             "bear.snapshot_age_ms": c.snapshot_age_ms,
+            "bear.cached_prompt_tokens": c.cached_prompt_tokens,
             "bear.chosen": c.instance_id == result.instance_id,
         })

@@ -78,8 +78,10 @@ class GrpcEstimator:
         self._recent: OrderedDict[str, router_pb2.DispatchRecord] = OrderedDict()
 
     async def estimate(self, query_id: str, prompt_tokens: int, output_tokens: float, instance_ids: Sequence[str],
-                       horizon_ms: float, recent: Sequence[DispatchRecord] = ()) -> dict[str, InstanceEstimate]:
-        request = wire.estimate_request(query_id, prompt_tokens, output_tokens, list(instance_ids), horizon_ms)
+                       horizon_ms: float, recent: Sequence[DispatchRecord] = (),
+                       prefix_hashes: bytes = b"") -> dict[str, InstanceEstimate]:
+        request = wire.estimate_request(query_id, prompt_tokens, output_tokens, list(instance_ids), horizon_ms,
+                                        prefix_hashes)
         if recent:
             request.recent_dispatches.extend(self._converted(record) for record in recent)
         try:

@@ -272,10 +272,10 @@ class _SlotTable:
 
 def _engine(fixed: bytes) -> EngineSettings:
     (budget, max_num_seqs, block_size, num_gpu_blocks, threshold, max_model_len, watermark, chunked, reserve_full_isl,
-     is_async, model_len, model) = ENGINE.unpack_from(fixed, 0)
+     is_async, prefix_caching, model_len, model) = ENGINE.unpack_from(fixed, 0)
     return EngineSettings(budget, max_num_seqs, block_size, num_gpu_blocks, threshold, max_model_len, watermark,
-                          bool(chunked), bool(reserve_full_isl), bool(is_async), model[:model_len].decode("utf-8",
-                                                                                                             "replace"))
+                          bool(chunked), bool(reserve_full_isl), bool(is_async),
+                          model[:model_len].decode("utf-8", "replace"), bool(prefix_caching))
 
 
 def _step(record: bytes, step_index: int, slot_table: _SlotTable, layout: Layout) -> StepRecord | None:

@@ -204,6 +204,7 @@ def engine_settings(scheduler: Any, is_async: bool) -> EngineSettings:
         scheduler_reserve_full_isl=bool(scheduler.scheduler_reserve_full_isl),
         async_scheduling=is_async and engine_overlaps_steps(scheduler),
         model=(served[0] if isinstance(served, list) else served) or "",
+        enable_prefix_caching=bool(getattr(scheduler.kv_cache_manager, "enable_caching", False)),
     )
 
 

@@ -10,8 +10,8 @@ Binary format, version 1. Integers are little-endian and unsigned; times are flo
     ENGINE    at 64, 176 bytes: the engine's scheduler settings and served model name, written once at start-up
       max_num_batched_tokens, max_num_seqs, block_size, num_gpu_blocks (usable: vLLM's count minus its null block),
       long_prefill_token_threshold, max_model_len (u32 each), watermark f64, enable_chunked_prefill u8,
-      scheduler_reserve_full_isl u8, async_scheduling u8, 5 padding bytes, model_len u16, 6 padding bytes,
-      model bytes[128] (UTF-8)
+      scheduler_reserve_full_isl u8, async_scheduling u8, enable_prefix_caching u8 (a padding byte before it was
+      added: 0 from older writers), 4 padding bytes, model_len u16, 6 padding bytes, model bytes[128] (UTF-8)
     STATE     at 240, 80 bytes: written with the rows right before every schedule() (the replay's starting point)
       flags u32 (STATE_*), num_free_blocks, num_running, num_waiting, num_running_rows, num_waiting_rows,
       num_slots_used (u32 each; slots at and above it were never assigned), 4 padding bytes, written_at_s f64,
@@ -58,7 +58,7 @@ HEADER = struct.Struct("<4sHHQQIIIIIIdd")
 SEQUENCE = struct.Struct("<Q")
 SEQUENCE_OFFSET = 8
 ALIVE_AT_OFFSET = 56
-ENGINE = struct.Struct("<6Id3B5xH6x128s")
+ENGINE = struct.Struct("<6Id4B4xH6x128s")
 MAX_MODEL_NAME_BYTES = 128
 STATE = struct.Struct("<7I4xdQQQQQ")
 STATE_SLOTS_USED_OFFSET = 24  # inside STATE: num_slots_used
@@ -99,6 +99,7 @@ class EngineSettings:
     scheduler_reserve_full_isl: bool
     async_scheduling: bool
     model: str  # served model name (cut at MAX_MODEL_NAME_BYTES)
+    enable_prefix_caching: bool = False  # vLLM reuses cached prompt prefixes
 
 
 class RegionError(RuntimeError):

@@ -141,7 +141,8 @@ class RegionWriter:
             ENGINE.pack_into(self._map, ENGINE_OFFSET, engine.max_num_batched_tokens, engine.max_num_seqs,
                              engine.block_size, engine.num_gpu_blocks, engine.long_prefill_token_threshold,
                              engine.max_model_len, engine.watermark, engine.enable_chunked_prefill,
-                             engine.scheduler_reserve_full_isl, engine.async_scheduling, len(model), model)
+                             engine.scheduler_reserve_full_isl, engine.async_scheduling, engine.enable_prefix_caching,
+                             len(model), model)
         finally:
             self._end()
 

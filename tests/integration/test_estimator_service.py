@@ -15,12 +15,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
 import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client import REGISTRY
 
+from bear.common.prefix_blocks import prefix_block_hashes
 from bear.common.redis_config import RedisConfig
 from bear.core.batch_time import BatchFeatures, BatchTimeCoefficients
 from bear.core.lps import lps_ttft_s
@@ -77,11 +79,11 @@ class RunningEstimator:
         self.service = self.started.service
 
     def estimate(self, prompt_tokens: int = 1000, output_tokens: float = 50.0, ids: tuple[str, ...] = (),
-                 horizon_ms: float = 0.0, recent: tuple[router_pb2.DispatchRecord, ...] = ()
-                 ) -> dict[str, estimator_pb2.InstanceEstimate]:
+                 horizon_ms: float = 0.0, recent: tuple[router_pb2.DispatchRecord, ...] = (),
+                 prefix_hashes: bytes = b"") -> dict[str, estimator_pb2.InstanceEstimate]:
         reply = self.stub.Estimate(estimator_pb2.EstimateRequest(
             query_id="q", prompt_tokens=prompt_tokens, predicted_output_tokens=output_tokens, instance_ids=ids,
-            horizon_ms=horizon_ms, recent_dispatches=recent), timeout=5)
+            horizon_ms=horizon_ms, recent_dispatches=recent, prompt_prefix_hashes=prefix_hashes), timeout=5)
         return {e.instance_id: e for e in reply.estimates}
 
     def adopted(self, instance_id: str, taken_at_s: float) -> bool:
@@ -177,7 +179,8 @@ def three_instances(now: float) -> tuple[dict[str, snapshot_pb2.InstanceSnapshot
 
 
 def expected_replay(message: snapshot_pb2.InstanceSnapshot, predicted: dict[str, float], query: Query, now: float,
-                    arrivals: tuple[Arrival, ...] = ()):  # noqa: ANN201 - (ReplayResult, state)
+                    arrivals: tuple[Arrival, ...] = (), query_cached_tokens: int = 0
+                    ):  # noqa: ANN201 - (ReplayResult, state)
     """The Python reference replay of the snapshot, residents' lengths by the stated fallback."""
 
     def remaining(request: snapshot_pb2.RequestState) -> int:
@@ -199,7 +202,7 @@ def expected_replay(message: snapshot_pb2.InstanceSnapshot, predicted: dict[str,
         in_flight = max(0.0, coefficients.time_s(features) - (message.taken_at_s - step.execution_started_at_s))
     state = state_from_snapshot(message, remaining)
     result = replay(state, query, coefficients, query_time_s=now - message.taken_at_s, in_flight_s=in_flight,
-                    arrivals=arrivals, engine=ReplayEngine.REFERENCE)
+                    arrivals=arrivals, query_cached_tokens=query_cached_tokens, engine=ReplayEngine.REFERENCE)
     return result, state
 
 
@@ -260,6 +263,27 @@ def test_dispatches_sent_along_count_before_redis_has_them(estimator: RunningEst
     assert estimator.estimate(200, 50.0, ("a",))["a"].ttft_ms == with_it.ttft_ms  # recorded, as if read from Redis
     assert estimator.service.feed.stats.dispatches_recorded == 1
     assert publishers.client.exists("bear:dispatch:just-routed") == 0
+
+
+def test_a_prompt_prefills_only_what_the_prompts_routed_there_before_left_in_its_prefix_cache(
+        estimator: RunningEstimator, publishers: Publishers, clock: FakeClock) -> None:
+    now = clock()
+    system = np.arange(50_000, 50_000 + 1200)  # a shared 1,200-token system prompt: 75 prefix blocks
+    earlier = dispatch_record("earlier", "a", now - 20, 1240, 30.0)  # through Redis, as every router's records
+    earlier.prompt_prefix_hashes = prefix_block_hashes(np.concatenate([system, np.arange(40)]))
+    record_dispatch(publishers.client, earlier)
+    publishers.publish(snapshot("a", now - 0.02, [decoding("earlier", 1240, 5)]))  # looked up as a resident
+    publishers.publish(snapshot("b", now - 0.02, [decoding("rb", 1240, 5)]))
+    wait_until(lambda: estimator.adopted("a", now - 0.02) and estimator.adopted("b", now - 0.02))
+    wait_until(lambda: estimator.service.estimator.has_dispatch("a", "earlier"))
+    hashes = prefix_block_hashes(np.concatenate([system, np.arange(7, 307)]))  # 1,500 tokens: 93 blocks
+    got = estimator.estimate(1500, 50.0, ("a", "b"), prefix_hashes=hashes)
+    query = Query("q", 1500, 50)
+    for instance_id, cached in (("a", 1200), ("b", 0)):
+        expected, _ = expected_replay(estimator.service.estimator.snapshot(instance_id), {"earlier": 30.0}, query,
+                                      now, query_cached_tokens=cached)
+        assert got[instance_id].ttft_ms == pytest.approx(expected.ttft_s * 1000, rel=1e-9)
+    assert got["a"].ttft_ms < 0.5 * got["b"].ttft_ms
 
 
 def test_a_horizon_makes_a_lower_bound(estimator: RunningEstimator, publishers: Publishers, clock: FakeClock) -> None:

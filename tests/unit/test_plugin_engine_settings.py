@@ -12,7 +12,8 @@ def scheduler(**fields: object) -> SimpleNamespace:
     config = SimpleNamespace(long_prefill_token_threshold=0, watermark=0.01, enable_chunked_prefill=True,
                              async_scheduling=True)
     defaults = dict(scheduler_config=config, max_num_scheduled_tokens=2048, max_num_running_reqs=256, block_size=16,
-                    kv_cache_manager=SimpleNamespace(block_pool=SimpleNamespace(num_gpu_blocks=1001)),
+                    kv_cache_manager=SimpleNamespace(block_pool=SimpleNamespace(num_gpu_blocks=1001),
+                                                     enable_caching=True),
                     max_model_len=4096, scheduler_reserve_full_isl=True,
                     vllm_config=SimpleNamespace(model_config=SimpleNamespace(served_model_name=["Qwen3-8B"])))
     return SimpleNamespace(**{**defaults, **fields})
@@ -28,7 +29,11 @@ def test_the_admission_limit_is_max_num_active_seqs_where_it_is_set() -> None:
 def test_the_rest_of_the_settings() -> None:
     settings = engine_settings(scheduler(), is_async=True)
     assert (settings.max_num_batched_tokens, settings.block_size, settings.num_gpu_blocks, settings.max_model_len,
-            settings.async_scheduling, settings.model) == (2048, 16, 1000, 4096, True, "Qwen3-8B")
+            settings.async_scheduling, settings.model, settings.enable_prefix_caching) == (
+        2048, 16, 1000, 4096, True, "Qwen3-8B", True)
+    no_caching = scheduler(kv_cache_manager=SimpleNamespace(block_pool=SimpleNamespace(num_gpu_blocks=1001),
+                                                            enable_caching=False))  # --no-enable-prefix-caching
+    assert engine_settings(no_caching, is_async=True).enable_prefix_caching is False
 
 
 def test_async_scheduling_is_what_the_engine_does_not_what_the_class_is() -> None:

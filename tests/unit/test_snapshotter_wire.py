@@ -55,6 +55,7 @@ def test_a_snapshot_carries_the_engine_s_counts_and_feeds_the_replay(tmp_path: P
     assert (message.instance_id, message.pool, message.model, message.read_at_s) == ("i-1", "small", ENGINE.model, 5.0)
     assert message.sequence_number == snapshot.sequence_number and message.taken_at_s == snapshot.written_at_s
     assert message.engine.num_gpu_blocks == ENGINE.num_gpu_blocks and message.num_free_blocks == 500
+    assert message.engine.enable_prefix_caching
     assert [(r.request_id, r.num_computed_tokens, r.num_output_tokens, r.num_allocated_blocks) for r in
             message.running] == [("a", 902, 3, 57), ("b", 20, 1, 2)]
     assert [r.request_id for r in message.waiting] == ["c"] and message.num_omitted_waiting == 0

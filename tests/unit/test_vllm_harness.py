@@ -63,3 +63,23 @@ def test_a_workload_planned_at_one_query_per_second_and_rescaled_is_the_one_plan
     assert [(q.prompt, q.max_tokens) for q in rescaled] == [(q.prompt, q.max_tokens) for q in direct]
     assert [q.send_at_s for q in rescaled] == pytest.approx([q.send_at_s for q in direct])
     assert rescaled[-1].send_at_s == pytest.approx(unit[-1].send_at_s / 2.5)
+
+
+def test_prompts_can_open_with_shared_prefixes_of_the_length_asked_for() -> None:
+    from tests.vllm_accuracy import PRETOKEN, shared_prefixes
+
+    plain = plan_workload(AccuracySettings(), 40, 3, "q")
+    settings = AccuracySettings(shared_prefix_tokens=300, num_shared_prefixes=2)
+    prefixes = shared_prefixes(settings)
+    assert len(prefixes) == 2 and prefixes[0] != prefixes[1]
+    assert all(300 <= len(PRETOKEN.findall(p)) <= 305 for p in prefixes)  # cut at a word's end
+    assert not any(q.prompt.startswith(p[:200]) for p in prefixes for q in plain)  # none by default
+    planned = plan_workload(settings, 40, 3, "q")
+    opened = [next(i for i, p in enumerate(prefixes) if q.prompt.startswith(p + " ")) for q in planned]
+    assert set(opened) == {0, 1}
+    assert all(q.prompt_tokens <= settings.max_prompt_tokens + 10 for q in planned)
+    assert all(q.prompt_tokens == len(PRETOKEN.findall(q.prompt)) for q in planned)
+    assert shared_prefixes(settings) == prefixes  # the warm-up's and the measured run's alike
+    assert [q.send_at_s for q in planned] == [q.send_at_s for q in plain]
+    with pytest.raises(ValueError, match="shared_prefix_tokens"):
+        plan_workload(replace(settings, shared_prefix_tokens=1490), 5, 3, "q")

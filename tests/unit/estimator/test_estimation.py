@@ -4,6 +4,7 @@ snapshot, residents' lengths resolved ahead, instances coming and going."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -285,3 +286,71 @@ def test_while_redis_is_unreachable_a_snapshot_past_the_limit_is_replayed_forwar
     assert held.method is Method.REPLAY and "Redis unreachable: replayed forward" in held.reason
     assert held.snapshot_age_s == pytest.approx(5.0)
     assert estimator.estimate(query, ["a"], NOW + 2.0 + FEED_OUTAGE_GRACE_S + 1)[0].method is not Method.REPLAY
+
+
+def _blocks(*parts: range) -> bytes:
+    from bear.common.prefix_blocks import prefix_block_hashes
+
+    return prefix_block_hashes(np.concatenate([np.arange(p.start, p.stop) for p in parts]))
+
+
+SYSTEM = range(10_000, 10_000 + 960)  # a 960-token system prompt: 60 prefix blocks
+
+
+def test_the_query_is_replayed_with_the_prefix_routed_to_each_instance_before_it() -> None:
+    """Prefix caching: the query prefills only what the instance's prefix cache likely lacks; an instance that was
+    never sent the prefix prefills it all."""
+    estimator = estimator_with(snapshot("a", NOW, [decoding("r1")]), snapshot("b", NOW, [decoding("r1")]))
+    estimator.record_dispatch(Dispatch("earlier", "a", "m", NOW - 30, 1000, 20.0,
+                                       prefix_hashes=_blocks(SYSTEM, range(40))))
+    query, hashes = Query("q", 1010, 10), _blocks(SYSTEM, range(500, 550))
+    at_a, at_b = estimator.estimate(query, ["a", "b"], NOW + 0.01, prefix_hashes=hashes)
+    state = state_from_snapshot(snapshot("a", NOW, [decoding("r1")]), lambda r: 79)
+    hit = estimate(prepare(state), query, COEFFICIENTS, query_time_s=0.01, query_cached_tokens=960)
+    cold = estimate(prepare(state), query, COEFFICIENTS, query_time_s=0.01)
+    assert at_a.ttft_s == pytest.approx(hit.ttft_s) and at_b.ttft_s == pytest.approx(cold.ttft_s)
+    assert at_a.ttft_s < 0.5 * at_b.ttft_s
+    assert (at_a.cached_tokens, at_b.cached_tokens) == (960, 0)  # said in the reply
+    # without the prompt's blocks (a length-only query), no hit anywhere
+    assert estimator.estimate(query, ["a"], NOW + 0.01)[0].ttft_s == pytest.approx(cold.ttft_s)
+    # nor on an engine that runs without prefix caching (--no-enable-prefix-caching: its snapshots say so)
+    estimator.update_snapshot(snapshot("a", NOW + 0.001, [decoding("r1")],
+                                       engine_config=engine(enable_prefix_caching=False)), NOW + 0.001)
+    uncached = estimator.estimate(query, ["a"], NOW + 0.01, prefix_hashes=hashes)[0]
+    assert uncached.ttft_s > 2 * at_a.ttft_s
+
+
+def test_arrivals_and_waiting_requests_find_the_prefixes_routed_before_them() -> None:
+    message = snapshot("a", NOW, [decoding("r1")], [queued("w1", prompt=1000)])
+    estimator = Estimator(remaining, {"m": 80.0})
+    estimator.add_instance("a", "m")
+    estimator.set_calibration("a", Calibration(COEFFICIENTS))
+    estimator.record_dispatch(Dispatch("first", "a", "m", NOW - 60, 1000, 20.0, prefix_hashes=_blocks(SYSTEM)))
+    estimator.record_dispatch(Dispatch("w1", "a", "m", NOW - 0.5, 1000, 20.0,
+                                       prefix_hashes=_blocks(SYSTEM, range(40))))
+    estimator.update_snapshot(message, NOW)
+    estimator.record_dispatch(Dispatch("d1", "a", "m", NOW + 0.001, 1500, 10.0,
+                                       prefix_hashes=_blocks(SYSTEM, range(7, 547))))
+    got = estimator.estimate(Query("q", 100, 10), ["a"], NOW + 0.01)[0]
+    state = state_from_snapshot(message, lambda r: 79 if r.request_id == "r1" else 20)
+    state = replace(state, waiting=(replace(state.waiting[0], cached_tokens=960),))
+    expected = estimate(prepare(state), Query("q", 100, 10), COEFFICIENTS, query_time_s=0.01,
+                        arrivals=[Arrival(0.001, ResidentRequest("d1", 1500, 0, 0, 10, cached_tokens=960))])
+    assert got.ttft_s == pytest.approx(expected.ttft_s) and got.num_batches == expected.num_batches
+    cold = estimate(prepare(state_from_snapshot(message, lambda r: 79 if r.request_id == "r1" else 20)),
+                    Query("q", 100, 10), COEFFICIENTS, query_time_s=0.01,
+                    arrivals=[Arrival(0.001, ResidentRequest("d1", 1500, 0, 0, 10))])
+    assert got.ttft_s < cold.ttft_s
+
+
+def test_an_engine_that_started_over_has_an_empty_prefix_cache() -> None:
+    estimator = estimator_with(snapshot("a", NOW, [decoding("r1")], sequence_number=500))
+    estimator.record_dispatch(Dispatch("earlier", "a", "m", NOW - 30, 1000, 20.0, prefix_hashes=_blocks(SYSTEM)))
+    query, hashes = Query("q", 1000, 10), _blocks(SYSTEM, range(40))
+    warm = estimator.estimate(query, ["a"], NOW + 0.01, prefix_hashes=hashes)[0]
+    estimator.update_snapshot(snapshot("a", NOW + 1, [decoding("r1")], sequence_number=3), NOW + 1)
+    cold = estimator.estimate(query, ["a"], NOW + 1.01, prefix_hashes=hashes)[0]
+    assert cold.ttft_s > 2 * warm.ttft_s
+    estimator.update_snapshot(snapshot("a", NOW + 2, [decoding("r1")], sequence_number=9), NOW + 2)  # counting on
+    estimator.record_dispatch(Dispatch("again", "a", "m", NOW + 2, 1000, 20.0, prefix_hashes=_blocks(SYSTEM)))
+    assert estimator.estimate(query, ["a"], NOW + 2.01, prefix_hashes=hashes)[0].ttft_s < cold.ttft_s

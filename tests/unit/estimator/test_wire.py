@@ -23,7 +23,10 @@ def test_a_request_becomes_a_query_instances_and_a_horizon() -> None:
     call = estimate_call(estimator_pb2.EstimateRequest(query_id="q1", prompt_tokens=700, predicted_output_tokens=49.6,
                                                        instance_ids=["a", "b", "a"], horizon_ms=1500), "generated")
     assert (call.query.id, call.query.num_prompt_tokens, call.query.output_tokens) == ("q1", 700, 50)
-    assert call.instance_ids == ("a", "b") and call.horizon_s == 1.5
+    assert call.instance_ids == ("a", "b") and call.horizon_s == 1.5 and call.prefix_hashes == b""
+    hashes = bytes(range(16))  # two prefix blocks
+    assert estimate_call(estimator_pb2.EstimateRequest(prompt_tokens=40, prompt_prefix_hashes=hashes),
+                         "q").prefix_hashes == hashes
 
 
 def test_defaults_an_id_a_length_of_one_and_no_horizon() -> None:
@@ -45,6 +48,10 @@ def test_defaults_an_id_a_length_of_one_and_no_horizon() -> None:
      "instance_ids: 5000 ids, more than the limit of 4096"),
     (estimator_pb2.EstimateRequest(prompt_tokens=1, recent_dispatches=[router_pb2.DispatchRecord()] * 2000),
      "recent_dispatches: 2000 records"),
+    (estimator_pb2.EstimateRequest(prompt_tokens=1, prompt_prefix_hashes=b"x" * 12),
+     "prompt_prefix_hashes: 12 bytes, not a multiple of 8"),
+    (estimator_pb2.EstimateRequest(prompt_tokens=1, prompt_prefix_hashes=b"x" * 8 * 5000),
+     "prompt_prefix_hashes: 5000 hashes, more than the limit of 2048"),
 ])
 def test_bad_requests_name_the_field(request_: estimator_pb2.EstimateRequest, message: str) -> None:
     with pytest.raises(InvalidRequest, match=message):
@@ -54,11 +61,13 @@ def test_bad_requests_name_the_field(request_: estimator_pb2.EstimateRequest, me
 def test_a_replay_estimate_fills_every_field() -> None:
     estimate = TtftEstimate("a", 0.25, Method.REPLAY, snapshot_age_s=0.03, num_batches=7, lower_bound=True,
                             reason="", prefill_tps_ttft_s=0.2)
+    estimate = TtftEstimate("a", 0.25, Method.REPLAY, snapshot_age_s=0.03, num_batches=7, lower_bound=True,
+                            reason="", prefill_tps_ttft_s=0.2, cached_tokens=320)
     reply = instance_estimate(estimate, InstanceFacts(num_running=3, num_waiting=2, pending_decode_tokens=120.0))
     assert reply == estimator_pb2.InstanceEstimate(
         instance_id="a", method=estimator_pb2.ESTIMATE_METHOD_REPLAY, known=True, feasible=True, ttft_ms=250.0,
         lower_bound=True, snapshot_age_ms=30.0, num_batches=7, prefill_tps_ttft_ms=200.0, num_running=3,
-        num_waiting=2, pending_decode_tokens=120.0)
+        num_waiting=2, pending_decode_tokens=120.0, cached_prompt_tokens=320)
 
 
 def test_an_infeasible_replay_is_known_infeasible_and_infinite() -> None:
@@ -87,6 +96,10 @@ def test_a_dispatch_record_becomes_a_dispatch() -> None:
     assert dispatch_from_record(record, "b", "m").instance_id == "b"  # type: ignore[union-attr]
     record.max_tokens = 64  # the request's cap, where Route was given it
     assert dispatch_from_record(record, "b", "m").max_tokens == 64  # type: ignore[union-attr]
+    record.prompt_prefix_hashes = bytes(range(24))
+    assert dispatch_from_record(record, "b", "m").prefix_hashes == bytes(range(24))  # type: ignore[union-attr]
+    record.prompt_prefix_hashes = bytes(range(13))  # not whole hashes: the record stands without them
+    assert dispatch_from_record(record, "b", "m").prefix_hashes == b""  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("field_value", [("request_id", ""), ("prompt_tokens", 0),

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import math
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -22,6 +24,11 @@ from bear.router.telemetry import RouterMetrics, Telemetry
 from bear.routing.registry import build_policy, policy_names
 
 LIMITS = Limits(max_ttft_slo_ms=600_000, max_prompt_bytes=10_000, max_prompt_tokens=1_000)
+
+
+def word_keys(text: str) -> np.ndarray:
+    """A tokenizer for tests: one token per word, keyed by its CRC-32."""
+    return np.array([zlib.crc32(word.encode()) for word in text.split()], dtype=np.int64)
 INSTANCES = (
     Registration("small-0", "small", "Qwen3-0.6B", "http://small-0:8000", 0.044, 0.173),
     Registration("medium-0", "medium", "Qwen3-8B", "http://medium-0:8000", 0.072, 0.287),
@@ -62,12 +69,15 @@ class FakeEstimates:
     error: DependencyUnavailable | None = None
     calls: list[tuple[str, int, tuple[str, ...], float]] = field(default_factory=list)
     recent: list[tuple[str, ...]] = field(default_factory=list)  # per call: the request ids sent along
+    prefix_hashes: list[bytes] = field(default_factory=list)  # per call: the prompt's prefix blocks
     output_tokens: list[float] = field(default_factory=list)  # per call: the query's output length
     delay_s: float = 0.0  # how long each call takes
 
     async def estimate(self, query_id: str, prompt_tokens: int, output_tokens: float, instance_ids: Sequence[str],
-                       horizon_ms: float, recent: Sequence[DispatchRecord] = ()) -> Mapping[str, InstanceEstimate]:
+                       horizon_ms: float, recent: Sequence[DispatchRecord] = (),
+                       prefix_hashes: bytes = b"") -> Mapping[str, InstanceEstimate]:
         self.calls.append((query_id, prompt_tokens, tuple(instance_ids), horizon_ms))
+        self.prefix_hashes.append(prefix_hashes)
         self.recent.append(tuple(r.request_id for r in recent))
         self.output_tokens.append(output_tokens)
         if self.delay_s:
@@ -148,7 +158,7 @@ def make_router(*, instances: Sequence[Registration] = INSTANCES,
     policies = {name: build_policy(name) for name in policy_names()}
     router = Router(settings, InstancePool(lambda: {}), predictor, estimator, store, policies,
                     build_policy(fallback), Telemetry(provider.get_tracer("test"), RouterMetrics(registry)),
-                    lambda text: len(text.split()), clock=lambda: clock[0])
+                    word_keys, clock=lambda: clock[0])
     if refreshed:
         asyncio.run(router.refresh_instances())  # as the refresh loop does at start-up
     return Harness(router, predictor, estimator, store, exporter, registry, clock)

@@ -23,6 +23,7 @@ from tests.unit.router.builders import (
     make_router,
     prediction,
     route,
+    word_keys,
 )
 
 DOWN = DependencyUnavailable("x", "UNAVAILABLE", "connection refused")
@@ -100,6 +101,30 @@ def test_the_estimator_gets_the_routers_token_count_the_instances_and_a_horizon(
     route(harness, "one two three four", slo_ms=500, request_id="q7")
     assert harness.estimator.calls == [("q7", 4, ("large-0", "medium-0", "small-0"), (4 * 0.5 + 1) * 1000)]
     assert harness.predictor.prompts == ["one two three four"]
+
+
+def test_the_prompts_prefix_blocks_go_to_the_estimator_and_into_the_dispatch_record() -> None:
+    # The estimator finds what each instance's prefix cache likely holds from the prefixes of the prompts routed there.
+    from bear.common.prefix_blocks import prefix_block_hashes
+
+    harness = make_router()
+    text = " ".join(f"w{n}" for n in range(40))  # 40 tokens (one per word here): two whole blocks of 16
+    route(harness, text, request_id="long")
+    hashes = prefix_block_hashes(word_keys(text))
+    assert len(hashes) == 16 and harness.estimator.prefix_hashes == [hashes]
+    (record,) = harness.store.records
+    assert record.prompt_prefix_hashes == hashes
+    from bear.router import wire
+
+    assert wire.dispatch_from_bytes(wire.dispatch_to_bytes(record)) == record
+    # the estimator's view of the prefix cache reaches the Route reply
+    harness.estimator.estimates["small-0"] = replace(estimate("small-0"), cached_prompt_tokens=32)
+    assert candidate_of(route(harness, text, request_id="again"), "small-0").cached_prompt_tokens == 32
+    harness.store.records.pop()
+    route(harness, None, prompt_tokens=400, request_id="length-only")  # no text: no prefixes
+    route(harness, "a short prompt", request_id="short")  # under one block
+    assert harness.estimator.prefix_hashes[2:] == [b"", b""]
+    assert [r.prompt_prefix_hashes for r in harness.store.records[1:]] == [b"", b""]
 
 
 def test_the_routers_latest_dispatches_go_along_with_the_next_estimate_calls() -> None:
@@ -524,7 +549,8 @@ def test_each_stage_has_a_span_and_a_histogram_under_the_route_span() -> None:
     chosen = [e for e in events if e.attributes["bear.chosen"]]
     assert len(chosen) == 1 and chosen[0].attributes["bear.instance_id"] == attributes["bear.instance_id"]
     assert set(chosen[0].attributes) >= {"bear.predicted_accuracy", "bear.predicted_cost_micro_usd", "bear.utility",
-                                         "bear.predicted_ttft_ms", "bear.feasible", "bear.ttft_method"}
+                                         "bear.predicted_ttft_ms", "bear.feasible", "bear.ttft_method",
+                                         "bear.cached_prompt_tokens"}
     assert harness.metric("bear_router_decision_seconds_count", policy="bear") == 1
     assert harness.metric("bear_router_routes_total", instance=attributes["bear.instance_id"],
                           model=attributes["bear.model"], policy="bear") == 1
