@@ -19,7 +19,9 @@ import numpy as np
 
 PREFIX_BLOCK_TOKENS = 16
 HASH_BYTES = 8
-MAX_PREFIX_BLOCKS = 2048  # 32,768 tokens: longer prompts name their first 2048 blocks only (16 KiB of hashes)
+# 16,384 tokens: longer prompts name their first 1024 blocks only (8 KiB of hashes in each dispatch record, which Redis
+# keeps for 600 s: a longer shared prefix is taken as cached up to there)
+MAX_PREFIX_BLOCKS = 1024
 
 
 def prefix_block_hashes(token_keys: np.ndarray) -> bytes:

@@ -231,6 +231,7 @@ class Estimator:
         instance.prefixes.set_capacity(snapshot.engine.num_gpu_blocks, snapshot.engine.block_size)
         lengths = self._residents_remaining(instance, (*snapshot.running, *snapshot.waiting),
                                             remaining or self._remaining)
+        self._forget_admitted_prefixes(instance, snapshot.running)
         state = state_from_snapshot(snapshot, lambda r: lengths[r.request_id])
         if snapshot.engine.enable_prefix_caching:
             state = dataclasses.replace(state, waiting=tuple(self._with_cache_hit(instance, r) for r in state.waiting))
@@ -335,6 +336,16 @@ class Estimator:
         return Target(instance.prepared, calibration.coefficients, query_time_s=since_taken_s,
                       in_flight_s=0.0 if in_progress is None else in_progress.remaining_s(calibration.coefficients),
                       arrivals=arrivals, query_cached_tokens=query_cached_tokens)
+
+    def _forget_admitted_prefixes(self, instance: _Instance, running: Iterable[snapshot_pb2.RequestState]) -> None:
+        """Running requests' dispatches keep their prefix blocks no longer: those are in the instance's account, and
+        only a request still to be admitted needs its own (up to 8 KiB each, for 600 s, at hundreds a second)."""
+        by_id = instance.dispatches.by_id
+        for request in running:
+            key = self._request_key(request.request_id)
+            dispatch = by_id.get(key)
+            if dispatch is not None and dispatch.prefix_hashes:
+                by_id[key] = dataclasses.replace(dispatch, prefix_hashes=b"")
 
     def _with_cache_hit(self, instance: _Instance, request: ResidentRequest) -> ResidentRequest:
         """A waiting resident with the part of its prompt the prefix cache likely holds when it is admitted."""

@@ -343,6 +343,18 @@ def test_arrivals_and_waiting_requests_find_the_prefixes_routed_before_them() ->
     assert got.ttft_s < cold.ttft_s
 
 
+def test_a_dispatch_keeps_its_prefix_blocks_only_until_its_request_runs() -> None:
+    estimator = estimator_with(snapshot("a", NOW, [decoding("r1")]))
+    hashes = _blocks(SYSTEM)
+    estimator.record_dispatch(Dispatch("d1", "a", "m", NOW + 0.001, 960, 20.0, prefix_hashes=hashes))
+    estimator.update_snapshot(snapshot("a", NOW + 0.1, [decoding("r1")], [queued("d1", 960)]), NOW + 0.1)
+    assert estimator._instances["a"].dispatches.by_id["d1"].prefix_hashes == hashes  # noqa: SLF001 - waiting
+    estimator.update_snapshot(snapshot("a", NOW + 0.2, [decoding("r1"), decoding("d1", 960)]), NOW + 0.2)
+    assert estimator._instances["a"].dispatches.by_id["d1"].prefix_hashes == b""  # noqa: SLF001 - running
+    query = Query("q", 1000, 10)  # its blocks stay in the instance's account
+    assert estimator.estimate(query, ["a"], NOW + 0.3, prefix_hashes=_blocks(SYSTEM, range(40)))[0].cached_tokens == 960
+
+
 def test_an_engine_that_started_over_has_an_empty_prefix_cache() -> None:
     estimator = estimator_with(snapshot("a", NOW, [decoding("r1")], sequence_number=500))
     estimator.record_dispatch(Dispatch("earlier", "a", "m", NOW - 30, 1000, 20.0, prefix_hashes=_blocks(SYSTEM)))

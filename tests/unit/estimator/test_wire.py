@@ -51,7 +51,7 @@ def test_defaults_an_id_a_length_of_one_and_no_horizon() -> None:
     (estimator_pb2.EstimateRequest(prompt_tokens=1, prompt_prefix_hashes=b"x" * 12),
      "prompt_prefix_hashes: 12 bytes, not a multiple of 8"),
     (estimator_pb2.EstimateRequest(prompt_tokens=1, prompt_prefix_hashes=b"x" * 8 * 5000),
-     "prompt_prefix_hashes: 5000 hashes, more than the limit of 2048"),
+     "prompt_prefix_hashes: 5000 hashes, more than the limit of 1024"),
 ])
 def test_bad_requests_name_the_field(request_: estimator_pb2.EstimateRequest, message: str) -> None:
     with pytest.raises(InvalidRequest, match=message):
