@@ -234,7 +234,8 @@ class Estimator:
         self._forget_admitted_prefixes(instance, snapshot.running)
         state = state_from_snapshot(snapshot, lambda r: lengths[r.request_id])
         if snapshot.engine.enable_prefix_caching:
-            state = dataclasses.replace(state, waiting=tuple(self._with_cache_hit(instance, r) for r in state.waiting))
+            state = dataclasses.replace(state, waiting=tuple(self._with_cache_hit(instance, snapshot.engine, r)
+                                                             for r in state.waiting))
         prepared = prepare(state)
         instance.snapshot, instance.prepared = snapshot, prepared
         instance.prefill_backlog_tokens = remaining_prefill_tokens(prepared.state)
@@ -283,8 +284,7 @@ class Estimator:
                 continue
             replayable.append((instance_id, calibration, borrowed_from))
             ages.append(age)
-            cached = prefix_cache_hit(instance.prefixes.cached_tokens(prefix_hashes, now_s), query.num_prompt_tokens,
-                                      snapshot.engine.block_size) if snapshot.engine.enable_prefix_caching else 0
+            cached = _cache_hit(instance, snapshot.engine, prefix_hashes, now_s, query.num_prompt_tokens)
             targets.append(self._target(instance, calibration, snapshot, query, now_s - snapshot.taken_at_s, cached))
         for (instance_id, calibration, borrowed_from), age, target, result in zip(
                 replayable, ages, targets, _replay_each(query, targets, horizon_s), strict=True):
@@ -320,14 +320,12 @@ class Estimator:
                 query: Query, since_taken_s: float, query_cached_tokens: int) -> Target:
         assert instance.prepared is not None
         known = instance.prepared.id_set
-        prefixes = instance.prefixes if snapshot.engine.enable_prefix_caching else None
         arrivals = tuple(
             Arrival(d.dispatched_at_s - snapshot.taken_at_s,
                     ResidentRequest(d.request_id, d.num_prompt_tokens, 0, 0, max(1, round(d.predicted_output_tokens)),
                                     max_tokens=d.max_tokens,
-                                    cached_tokens=0 if prefixes is None else min(
-                                        prefixes.cached_tokens(d.prefix_hashes, d.dispatched_at_s),
-                                        d.num_prompt_tokens)))
+                                    cached_tokens=_cache_hit(instance, snapshot.engine, d.prefix_hashes,
+                                                             d.dispatched_at_s, d.num_prompt_tokens)))
             for d in instance.dispatches.since(max(snapshot.taken_at_s, snapshot.read_at_s - DISPATCH_TRANSIT_S))
             if d.request_id not in known and d.request_id != query.id
             and 0 < d.num_prompt_tokens < snapshot.engine.max_model_len  # vLLM rejects longer prompts at once
@@ -347,13 +345,14 @@ class Estimator:
             if dispatch is not None and dispatch.prefix_hashes:
                 by_id[key] = dataclasses.replace(dispatch, prefix_hashes=b"")
 
-    def _with_cache_hit(self, instance: _Instance, request: ResidentRequest) -> ResidentRequest:
+    def _with_cache_hit(self, instance: _Instance, engine: snapshot_pb2.EngineConfig,
+                        request: ResidentRequest) -> ResidentRequest:
         """A waiting resident with the part of its prompt the prefix cache likely holds when it is admitted."""
         dispatch = instance.dispatches.by_id.get(self._request_key(request.id))
         if dispatch is None or not dispatch.prefix_hashes:
             return request
-        cached = min(instance.prefixes.cached_tokens(dispatch.prefix_hashes, dispatch.dispatched_at_s),
-                     request.num_prompt_tokens)
+        cached = _cache_hit(instance, engine, dispatch.prefix_hashes, dispatch.dispatched_at_s,
+                            request.num_prompt_tokens)
         return dataclasses.replace(request, cached_tokens=cached) if cached else request
 
     def _from_replay(self, instance_id: str, calibration: Calibration, target: Target, query: Query, age: float,
@@ -416,6 +415,15 @@ class Estimator:
             return self._instances[instance_id]
         except KeyError:
             raise KeyError(f"unknown instance {instance_id!r}") from None
+
+
+def _cache_hit(instance: _Instance, engine: snapshot_pb2.EngineConfig, prefix_hashes: bytes, before_s: float,
+               prompt_tokens: int) -> int:
+    """The prompt tokens a request routed at `before_s` finds in the instance's prefix cache as the replay counts them
+    (whole blocks, never the last token), by the instance's account; 0 on an engine without prefix caching."""
+    if not engine.enable_prefix_caching or not prefix_hashes:
+        return 0
+    return prefix_cache_hit(instance.prefixes.cached_tokens(prefix_hashes, before_s), prompt_tokens, engine.block_size)
 
 
 def _same_engine(a: snapshot_pb2.EngineConfig, b: snapshot_pb2.EngineConfig) -> bool:
