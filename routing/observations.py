@@ -19,6 +19,12 @@ the simulated pool's router (fed by simulated first tokens and completions).
                                    MAX_RESIDUAL_S and over the estimate itself is no overhead of that kind (a client
                                    reporting microseconds as milliseconds, a stall of seconds) and is not kept: a
                                    client reporting in the wrong unit took the offset to 25 s in 30 reports.
+                                   Learnt apart for queries that found the engine idle (nothing running or waiting,
+                                   as the estimator says) and queries that found it busy, once the window holds
+                                   MIN_RESIDUALS of the kind (before, from all of them): an idle engine takes longer
+                                   to start its first step than one between steps (vLLM CPU here: its TTFT ~7 ms over
+                                   the replay's after 200 ms idle, ~2.5 ms for a busy one), which one offset for
+                                   both splits the difference of, wrong for either (services/router/README.md).
 """
 
 from __future__ import annotations
@@ -45,7 +51,8 @@ class InstanceObservations:
                  started_at_s: float = 0.0, residual_window: int = RESIDUAL_WINDOW) -> None:
         if window < 1 or not throughput_window_s > 0 or residual_window < 0:
             raise ValueError("window must be >= 1, throughput_window_s > 0 and residual_window >= 0")
-        self._residuals_s: deque[tuple[float, float]] = deque(maxlen=residual_window)  # (residual, observed TTFT)
+        # (residual, observed TTFT, whether the query found the engine idle)
+        self._residuals_s: deque[tuple[float, float, bool]] = deque(maxlen=residual_window)
         self._ttft_s: deque[float] = deque(maxlen=window)
         self._tpot_s: deque[float] = deque(maxlen=window)
         self._completions_s: deque[float] = deque()
@@ -53,14 +60,16 @@ class InstanceObservations:
         self._started_at_s = started_at_s
 
     def observe(self, ttft_s: float | None = None, tpot_s: float | None = None,
-                completed_at_s: float | None = None, estimated_ttft_s: float | None = None) -> None:
-        """`estimated_ttft_s`: the estimator's TTFT for this query, without any offset (feeds `ttft_offset_s`)."""
+                completed_at_s: float | None = None, estimated_ttft_s: float | None = None,
+                engine_idle: bool = False) -> None:
+        """`estimated_ttft_s`: the estimator's TTFT for this query, without any offset (feeds `ttft_offset_s`);
+        `engine_idle`: the estimator found the engine without work when the query arrived."""
         if ttft_s is not None and math.isfinite(ttft_s):
             self._ttft_s.append(ttft_s)
             if estimated_ttft_s is not None and math.isfinite(estimated_ttft_s) and self._residuals_s.maxlen:
                 residual = ttft_s - estimated_ttft_s
                 if residual <= max(MAX_RESIDUAL_S, estimated_ttft_s):
-                    self._residuals_s.append((residual, ttft_s))
+                    self._residuals_s.append((residual, ttft_s, engine_idle))
         if tpot_s is not None and math.isfinite(tpot_s):
             self._tpot_s.append(tpot_s)
         if completed_at_s is not None:
@@ -74,12 +83,15 @@ class InstanceObservations:
     def recent_tpot_s(self) -> tuple[float, ...]:
         return tuple(self._tpot_s)
 
-    @property
-    def ttft_offset_s(self) -> float:
+    def ttft_offset_s(self, engine_idle: bool = False) -> float:
+        """The offset for a query that finds the engine idle (`engine_idle`) or busy."""
         if len(self._residuals_s) < MIN_RESIDUALS:
             return 0.0
-        pairs = np.array(self._residuals_s)
-        return weighted_median(pairs[:, 0], 1.0 / np.maximum(pairs[:, 1], MIN_WEIGHTED_TTFT_S))
+        rows = np.array(self._residuals_s)
+        alike = rows[rows[:, 2] == engine_idle]
+        if len(alike) >= MIN_RESIDUALS:
+            rows = alike
+        return weighted_median(rows[:, 0], 1.0 / np.maximum(rows[:, 1], MIN_WEIGHTED_TTFT_S))
 
     def request_throughput_rps(self, now_s: float) -> float | None:
         completions = self._completions_s

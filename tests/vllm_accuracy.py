@@ -107,6 +107,7 @@ class QueryMeasurement:
     engine_arrival_s: float = 0.0  # from the step ring (0: not found)
     engine_first_token_s: float = 0.0
     cached_prompt_tokens: int = 0  # the estimate's: prompt tokens the engine's prefix cache likely held
+    idle_ms: float | None = None  # the estimate's: the engine had no work for this long (None: it had some)
     engine_cached_tokens: int = 0  # the engine's: its computed tokens when it first scheduled the query
     error: str = ""
 
@@ -363,6 +364,7 @@ def _one(router: RouterClient, server: VllmServer, query: PlannedQuery, result: 
         result.predicted_ttft_ms = chosen.predicted_ttft_ms if chosen.ttft_known else None
         result.ttft_method, result.snapshot_age_ms = chosen.ttft_method, chosen.snapshot_age_ms
         result.cached_prompt_tokens = chosen.cached_prompt_tokens
+        result.idle_ms = chosen.idle_ms if chosen.HasField("idle_ms") else None
         _complete(server, decision.request_id, query, result)
         router.report_outcome(decision.request_id, observed_ttft_ms=result.client_ttft_ms or 0.0,
                               output_tokens=result.output_tokens,

@@ -107,6 +107,7 @@ class TtftEstimate:
     reason: str = ""
     prefill_tps_ttft_s: float | None = None  # eq. 8 on the same snapshot, for the prefill-throughput ablation
     cached_tokens: int = 0  # the query's prompt tokens the replay took as found in the prefix cache
+    idle_s: float | None = None  # the engine had no work for this long at the query's arrival (None: it had some)
 
 
 class _Dispatches:
@@ -295,6 +296,8 @@ class Estimator:
             estimate = self._from_replay(instance_id, calibration, target, query, age, result)
             if target.query_cached_tokens:
                 estimate = dataclasses.replace(estimate, cached_tokens=target.query_cached_tokens)
+            if _idle(target, self._instances[instance_id]):
+                estimate = dataclasses.replace(estimate, idle_s=max(0.0, target.query_time_s))
             notes = [f"not calibrated yet: eq. 12 coefficients of {borrowed_from} (same model and engine)"] \
                 if borrowed_from else []
             if age > self._max_age_s:
@@ -424,6 +427,13 @@ def _cache_hit(instance: _Instance, engine: snapshot_pb2.EngineConfig, prefix_ha
     if not engine.enable_prefix_caching or not prefix_hashes:
         return 0
     return prefix_cache_hit(instance.prefixes.cached_tokens(prefix_hashes, before_s), prompt_tokens, engine.block_size)
+
+
+def _idle(target: Target, instance: _Instance) -> bool:
+    """Whether the query finds the engine without work: its snapshot holds no request and no step in progress, and
+    no dispatch is on its way. An engine writes its state after every step, so it has then been idle since the
+    snapshot was taken (waking it costs time no batch accounts for: the router learns that apart, per instance)."""
+    return not target.prepared.ids and not target.arrivals and instance.step_in_progress is None
 
 
 def _same_engine(a: snapshot_pb2.EngineConfig, b: snapshot_pb2.EngineConfig) -> bool:

@@ -92,6 +92,7 @@ def instance_estimate(estimate: TtftEstimate, facts: InstanceFacts) -> estimator
         num_waiting=facts.num_waiting,
         pending_decode_tokens=facts.pending_decode_tokens,
         cached_prompt_tokens=estimate.cached_tokens,
+        idle_ms=None if estimate.idle_s is None else estimate.idle_s * 1000,
     )
 
 

@@ -30,6 +30,7 @@ class CandidateView:
     score: float
     snapshot_age_ms: float
     cached_prompt_tokens: int = 0  # the estimator's: prompt tokens the instance's prefix cache likely holds
+    idle_ms: float | None = None  # the estimator's: the instance had no work for this long (None: it had some)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +65,7 @@ class DispatchRecord:
     ttft_exact: bool = False  # the replay's own TTFT (not a lower bound at the horizon, not LPS): teaches the offset
     max_tokens: int = 0  # the request's max_tokens given to Route (0: none); predicted_output_tokens is not capped
     prompt_prefix_hashes: bytes = b""  # the prompt's prefix blocks (bear.common.prefix_blocks; b"": unknown)
+    engine_idle: bool = False  # the estimator found the instance without work: the offset it teaches is the idle one
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +109,8 @@ def describe(instances: Sequence[InstanceInfo], candidates: Sequence[Candidate],
             candidate.prompt_tokens, candidate.cost_micro_usd,
             score.utility if score is not None else math.nan, known, ttft_ms, method, bool(feasible),
             score.score if score is not None else math.nan, -1.0 if age is None else age,
-            estimate.cached_prompt_tokens if estimate is not None else 0))
+            estimate.cached_prompt_tokens if estimate is not None else 0,
+            estimate.idle_ms if estimate is not None else None))
     return tuple(views)
 
 

@@ -273,7 +273,8 @@ class Router:
         for instance_id, estimate in estimates.items():
             if estimate.snapshot_age_ms is not None:
                 self._metrics.set_snapshot_age(instance_id, estimate.snapshot_age_ms / 1000)
-            corrected[instance_id] = estimate.with_offset(self._observations.of(instance_id).ttft_offset_s * 1000)
+            offset_s = self._observations.of(instance_id).ttft_offset_s(estimate.idle_ms is not None)
+            corrected[instance_id] = estimate.with_offset(offset_s * 1000)
         return corrected, None
 
     def _latest_dispatches(self) -> list[DispatchRecord]:
@@ -347,9 +348,10 @@ class Router:
         predicted_ttft_ms = ttft * 1000 if known else 0.0
         offset_ms = estimate.ttft_offset_ms if known and estimate is not None else 0.0
         exact = known and estimate is not None and estimate.method == "replay" and not estimate.lower_bound
+        idle = exact and estimate is not None and estimate.idle_ms is not None
         record = DispatchRecord(query.request_id, chosen.instance_id, chosen.model, self._clock(),
                                 chosen.prompt_tokens, length, predicted_ttft_ms, query.ttft_slo_ms, offset_ms, exact,
-                                query.max_tokens or 0, prefix_hashes)
+                                query.max_tokens or 0, prefix_hashes, idle)
         self._recent.add(record)
         self._recorder.submit(record)
 
@@ -400,14 +402,15 @@ class Router:
                                 if record.ttft_exact and ttft_known else None)
             self._observations.of(record.instance_id).observe(
                 ttft_s=outcome.observed_ttft_ms / 1000 if ttft_known else None, tpot_s=outcome.tpot_s,
-                completed_at_s=now_s if outcome.observed_e2e_ms > 0 else None, estimated_ttft_s=estimated_ttft_s)
+                completed_at_s=now_s if outcome.observed_e2e_ms > 0 else None, estimated_ttft_s=estimated_ttft_s,
+                engine_idle=record.engine_idle)
             if span.is_recording():
                 span.set_attributes({"bear.instance_id": record.instance_id,
                                      "bear.observed_ttft_ms": outcome.observed_ttft_ms,
                                      "bear.predicted_ttft_ms": record.predicted_ttft_ms})
             if self._settings.ttft_feedback_window > 0:  # else the offset is always 0: not exported
-                self._metrics.set_ttft_offset(record.instance_id,
-                                              self._observations.of(record.instance_id).ttft_offset_s)
+                offset_s = self._observations.of(record.instance_id).ttft_offset_s(record.engine_idle)
+                self._metrics.set_ttft_offset(record.instance_id, record.engine_idle, offset_s)
             if record.predicted_ttft_ms > 0 and ttft_known:
                 error_s = (record.predicted_ttft_ms - outcome.observed_ttft_ms) / 1000
                 self._metrics.observe_ttft_error(record.instance_id, error_s)

@@ -67,6 +67,7 @@ class InstanceEstimate:
     pending_decode_tokens: float | None = None
     ttft_offset_ms: float = 0.0  # added to the estimator's TTFT by the router (see with_offset)
     cached_prompt_tokens: int = 0  # the query's prompt tokens the instance's prefix cache likely holds
+    idle_ms: float | None = None  # the instance had no work for this long at the query's arrival (None: it had some)
 
     def with_offset(self, offset_ms: float) -> InstanceEstimate:
         """The estimate plus the instance's learnt TTFT offset (bear.routing.observations), never below 0; unknown

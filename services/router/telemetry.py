@@ -64,8 +64,8 @@ class RouterMetrics:
         self.snapshot_age_seconds = Gauge("bear_router_snapshot_age_seconds", "Age of the snapshot behind the latest "
                                           "estimate, by instance", ["instance"], registry=registry)
         self.ttft_offset_seconds = Gauge("bear_router_ttft_offset_seconds", "Learnt offset added to the estimator's "
-                                         "TTFTs (median observed − estimated), by instance", ["instance"],
-                                         registry=registry)
+                                         "TTFTs (median observed − estimated), by instance and by whether the query "
+                                         "found the engine busy or idle", ["instance", "engine"], registry=registry)
         self.instances = Gauge("bear_router_instances", "Routable instances", registry=registry)
         self._stages = {stage: self.stage_seconds.labels(stage) for stage in STAGES}
         self._aged: set[str] = set()
@@ -95,8 +95,8 @@ class RouterMetrics:
         self.snapshot_age_seconds.labels(instance_id).set(age_s)
         self._aged.add(instance_id)
 
-    def set_ttft_offset(self, instance_id: str, offset_s: float) -> None:
-        self.ttft_offset_seconds.labels(instance_id).set(offset_s)
+    def set_ttft_offset(self, instance_id: str, engine_idle: bool, offset_s: float) -> None:
+        self.ttft_offset_seconds.labels(instance_id, "idle" if engine_idle else "busy").set(offset_s)
         self._offset.add(instance_id)
 
     def forget_instances_except(self, instance_ids: set[str]) -> None:
@@ -105,7 +105,11 @@ class RouterMetrics:
         for instance_id in self._aged - instance_ids:
             self.snapshot_age_seconds.remove(instance_id)
         for instance_id in self._offset - instance_ids:
-            self.ttft_offset_seconds.remove(instance_id)
+            for engine in ("busy", "idle"):
+                try:
+                    self.ttft_offset_seconds.remove(instance_id, engine)
+                except KeyError:  # never set for that engine state
+                    pass
         for instance_id in self._errored - instance_ids:
             self.ttft_error_seconds.remove(instance_id)
             self.ttft_abs_error_seconds.remove(instance_id)
@@ -207,5 +211,6 @@ def record_decision(span: trace.Span, result: RouteResult, prompt_tokens: int) -
             "bear.score": c.score,
             "bear.snapshot_age_ms": c.snapshot_age_ms,
             "bear.cached_prompt_tokens": c.cached_prompt_tokens,
+            **({} if c.idle_ms is None else {"bear.idle_ms": c.idle_ms}),
             "bear.chosen": c.instance_id == result.instance_id,
         })

@@ -52,7 +52,7 @@ def decision_to_proto(result: RouteResult) -> router_pb2.RouteDecision:
             predicted_output_tokens=c.predicted_output_tokens, prompt_tokens=c.prompt_tokens,
             predicted_cost_micro_usd=c.predicted_cost_micro_usd, utility=c.utility, ttft_known=c.ttft_known,
             predicted_ttft_ms=c.predicted_ttft_ms, ttft_method=c.ttft_method, feasible=c.feasible, score=c.score,
-            snapshot_age_ms=c.snapshot_age_ms, cached_prompt_tokens=c.cached_prompt_tokens)
+            snapshot_age_ms=c.snapshot_age_ms, cached_prompt_tokens=c.cached_prompt_tokens, idle_ms=c.idle_ms)
             for c in result.candidates],
         degraded=result.degraded,
         degraded_reason=result.degraded_reason,
@@ -104,6 +104,7 @@ def estimate_from_proto(e: estimator_pb2.InstanceEstimate) -> InstanceEstimate:
         num_running=e.num_running if has_snapshot else None, num_waiting=e.num_waiting if has_snapshot else None,
         pending_decode_tokens=e.pending_decode_tokens if has_snapshot else None,
         cached_prompt_tokens=e.cached_prompt_tokens,
+        idle_ms=e.idle_ms if e.HasField("idle_ms") else None,
     )
 
 
@@ -132,11 +133,12 @@ def dispatch_to_proto(record: DispatchRecord) -> router_pb2.DispatchRecord:
         predicted_output_tokens=record.predicted_output_tokens,
         predicted_ttft_ms=record.predicted_ttft_ms if math.isfinite(record.predicted_ttft_ms) else 0.0,
         ttft_slo_ms=record.ttft_slo_ms, ttft_offset_ms=record.ttft_offset_ms,
-        ttft_exact=record.ttft_exact, max_tokens=record.max_tokens, prompt_prefix_hashes=record.prompt_prefix_hashes)
+        ttft_exact=record.ttft_exact, max_tokens=record.max_tokens, prompt_prefix_hashes=record.prompt_prefix_hashes,
+        engine_idle=record.engine_idle)
 
 
 def dispatch_from_bytes(payload: bytes) -> DispatchRecord:
     r = router_pb2.DispatchRecord.FromString(payload)
     return DispatchRecord(r.request_id, r.instance_id, r.model, r.dispatched_at_s, r.prompt_tokens,
                           r.predicted_output_tokens, r.predicted_ttft_ms, r.ttft_slo_ms, r.ttft_offset_ms,
-                          r.ttft_exact, r.max_tokens, r.prompt_prefix_hashes)
+                          r.ttft_exact, r.max_tokens, r.prompt_prefix_hashes, r.engine_idle)

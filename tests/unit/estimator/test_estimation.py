@@ -132,6 +132,23 @@ def test_a_dispatch_an_idle_engine_never_received_stops_counting_once_it_should_
     assert gone.ttft_s == pytest.approx(alone.ttft_s)
 
 
+def test_an_engine_without_work_is_said_idle_since_its_last_step() -> None:
+    """Nothing running or waiting, no step in progress, no dispatch on its way: idle since the snapshot was taken
+    (an engine writes its state after every step), however often the unchanged state was read again since."""
+    estimator = estimator_with(snapshot("idle", NOW, []), snapshot("running", NOW, [decoding("r1")]),
+                               snapshot("waiting", NOW, [], [queued("w1")]))
+    query = Query("q", 100, 10)
+    idle, running, waiting = estimator.estimate(query, ["idle", "running", "waiting"], NOW + 0.25)
+    assert idle.idle_s == pytest.approx(0.25) and running.idle_s is None and waiting.idle_s is None
+    estimator.update_snapshot(snapshot("idle", NOW, [], read_at_s=NOW + 0.5), NOW + 0.5)  # read again, unchanged
+    assert estimator.estimate(query, ["idle"], NOW + 0.6)[0].idle_s == pytest.approx(0.6)
+    estimator.record_dispatch(Dispatch("d1", "idle", "m", NOW + 0.59, 100, 10.0))  # on its way, ahead of the query
+    assert estimator.estimate(query, ["idle"], NOW + 0.6)[0].idle_s is None
+    estimator.remove_instance("idle")
+    estimator.add_instance("idle", "m")  # known, no snapshot: no replay, nothing said
+    assert estimator.estimate(query, ["idle"], NOW + 0.6)[0].idle_s is None
+
+
 def test_arrivals_come_in_dispatch_order_and_old_dispatches_expire() -> None:
     message = snapshot("a", NOW, [decoding("r1")])
     estimator = estimator_with(message, dispatch_ttl_s=60.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -60,14 +61,14 @@ def test_bad_requests_name_the_field(request_: estimator_pb2.EstimateRequest, me
 
 def test_a_replay_estimate_fills_every_field() -> None:
     estimate = TtftEstimate("a", 0.25, Method.REPLAY, snapshot_age_s=0.03, num_batches=7, lower_bound=True,
-                            reason="", prefill_tps_ttft_s=0.2)
-    estimate = TtftEstimate("a", 0.25, Method.REPLAY, snapshot_age_s=0.03, num_batches=7, lower_bound=True,
-                            reason="", prefill_tps_ttft_s=0.2, cached_tokens=320)
+                            reason="", prefill_tps_ttft_s=0.2, cached_tokens=320, idle_s=0.4)
     reply = instance_estimate(estimate, InstanceFacts(num_running=3, num_waiting=2, pending_decode_tokens=120.0))
     assert reply == estimator_pb2.InstanceEstimate(
         instance_id="a", method=estimator_pb2.ESTIMATE_METHOD_REPLAY, known=True, feasible=True, ttft_ms=250.0,
         lower_bound=True, snapshot_age_ms=30.0, num_batches=7, prefill_tps_ttft_ms=200.0, num_running=3,
-        num_waiting=2, pending_decode_tokens=120.0, cached_prompt_tokens=320)
+        num_waiting=2, pending_decode_tokens=120.0, cached_prompt_tokens=320, idle_ms=400.0)
+    busy = instance_estimate(dataclasses.replace(estimate, idle_s=None), InstanceFacts(num_running=3))
+    assert not busy.HasField("idle_ms")  # it had work: unset, not 0 (an engine idle for no time at all)
 
 
 def test_an_infeasible_replay_is_known_infeasible_and_infinite() -> None:

@@ -420,11 +420,31 @@ def test_outcomes_teach_the_router_what_the_estimates_leave_out_at_each_instance
         known, predicted = asyncio.run(harness.router.report_outcome(Outcome(f"q{n}", ttft_ms, 50, 900.0)))
         assert known and predicted == pytest.approx(expected)
     # Residuals are taken against the estimator's own TTFT, so the offset does not feed on itself.
-    assert harness.metric("bear_router_ttft_offset_seconds", instance="large-0") == pytest.approx(0.030)
+    assert harness.metric("bear_router_ttft_offset_seconds", instance="large-0", engine="busy") == pytest.approx(0.030)
     other = route(harness, request_id="other", allowed_models=("Qwen3-8B",))
     assert candidate_of(other, "medium-0").predicted_ttft_ms == pytest.approx(100.0)  # per instance
     record = next(r for r in harness.store.records if r.request_id == "q8")
     assert (record.predicted_ttft_ms, record.ttft_offset_ms) == (pytest.approx(130.0), pytest.approx(30.0))
+
+
+def test_queries_that_find_the_engine_idle_teach_and_take_an_offset_of_their_own() -> None:
+    """An idle engine starts its first step later than a busy one reaches its next: clients see 20 ms more than the
+    estimate when the estimator found large-0 idle, 5 ms when busy, and the router learns the two apart."""
+    busy, idle = estimate("large-0", 100), replace(estimate("large-0", 100), idle_ms=500.0)
+    harness = make_router(estimates={r.instance_id: estimate(r.instance_id, 100) for r in INSTANCES})
+    for n in range(2 * MIN_RESIDUALS):
+        harness.estimator.estimates["large-0"] = idle if n % 2 == 0 else busy
+        route(harness, request_id=f"q{n}", allowed_models=("Qwen3-32B",))
+        asyncio.run(harness.router.report_outcome(Outcome(f"q{n}", 120.0 if n % 2 == 0 else 105.0)))
+    records = {r.request_id: r for r in harness.store.records}
+    assert [records[f"q{n}"].engine_idle for n in range(4)] == [True, False, True, False]
+    for name, given, expected in (("idle", idle, 120.0), ("busy", busy, 105.0)):
+        harness.estimator.estimates["large-0"] = given
+        candidate = candidate_of(route(harness, request_id=name, allowed_models=("Qwen3-32B",)), "large-0")
+        assert candidate.predicted_ttft_ms == pytest.approx(expected)
+        assert candidate.idle_ms == given.idle_ms
+        assert harness.metric("bear_router_ttft_offset_seconds", instance="large-0",
+                              engine=name) == pytest.approx((expected - 100) / 1000)
 
 
 def test_only_the_replays_own_estimates_teach_the_offset() -> None:
@@ -489,7 +509,7 @@ def test_a_repeated_report_is_answered_but_counted_once_and_an_unknown_ttft_is_n
     route(harness, request_id="failed", allowed_models=("Qwen3-32B",))
     asyncio.run(harness.router.report_outcome(Outcome("failed", 0.0)))  # no first token: TTFT unknown
     assert harness.metric("bear_router_ttft_error_seconds_count", instance="large-0") == MIN_RESIDUALS
-    assert harness.metric("bear_router_ttft_offset_seconds", instance="large-0") == pytest.approx(0.3)
+    assert harness.metric("bear_router_ttft_offset_seconds", instance="large-0", engine="busy") == pytest.approx(0.3)
 
 
 @pytest.mark.parametrize(("outcome", "field"), [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from bear.router import wire
 from bear.router.decision import CandidateView, DispatchRecord, RouteResult
@@ -29,28 +30,32 @@ def test_a_route_request_keeps_which_query_it_carries_and_which_optionals_are_se
 
 def test_a_decision_carries_every_candidate() -> None:
     view = CandidateView("i", "m", "http://i", 0.7, 120.0, 33, 55.5, 0.6, True, math.inf, "replay", False, 0.6,
-                         12.0, 32)
+                         12.0, 32, 250.0)
     message = wire.decision_to_proto(RouteResult("q", Decision.SHED, "", "", "", "bear", "shed", (view,), True,
                                                  "why", 1.5))
     assert message.decision == router_pb2.DECISION_SHED and message.degraded and message.degraded_reason == "why"
     candidate = message.candidates[0]
     assert (candidate.instance_id, candidate.prompt_tokens, candidate.ttft_method) == ("i", 33, "replay")
     assert math.isinf(candidate.predicted_ttft_ms) and candidate.snapshot_age_ms == 12.0
-    assert candidate.cached_prompt_tokens == 32
+    assert candidate.cached_prompt_tokens == 32 and candidate.idle_ms == 250.0
+    busy = wire.decision_to_proto(RouteResult("q", Decision.SHED, "", "", "", "bear", "shed",
+                                              (replace(view, idle_ms=None),), True, "why", 1.5))
+    assert not busy.candidates[0].HasField("idle_ms")
 
 
 def test_estimates_give_queue_lengths_only_when_a_snapshot_was_used() -> None:
     reply = estimator_pb2.EstimateResponse(estimates=[
         estimator_pb2.InstanceEstimate(instance_id="a", method=estimator_pb2.ESTIMATE_METHOD_REPLAY, known=True,
                                        feasible=True, ttft_ms=80, num_running=0, num_waiting=0,
-                                       prefill_tps_ttft_ms=60, cached_prompt_tokens=48),
+                                       prefill_tps_ttft_ms=60, cached_prompt_tokens=48, idle_ms=300),
         estimator_pb2.InstanceEstimate(instance_id="b", method=estimator_pb2.ESTIMATE_METHOD_LPS, known=True,
                                        feasible=True, ttft_ms=90, snapshot_age_ms=3000, num_running=4),
         estimator_pb2.InstanceEstimate(instance_id="c", method=estimator_pb2.ESTIMATE_METHOD_NONE),
     ])
     estimates = wire.estimates_from_proto(reply)
     assert (estimates["a"].num_running, estimates["a"].ttft_s, estimates["a"].prefill_tps_ttft_ms) == (0, 0.08, 60)
-    assert estimates["a"].cached_prompt_tokens == 48
+    assert estimates["a"].cached_prompt_tokens == 48 and estimates["a"].idle_ms == 300
+    assert estimates["b"].idle_ms is None  # unset: the engine had work (or no replay ran)
     assert (estimates["b"].method, estimates["b"].num_running, estimates["b"].snapshot_age_ms) == ("lps", 4, 3000)
     c = estimates["c"]
     assert (c.method, c.ttft_s, c.num_running, c.snapshot_age_ms, c.prefill_tps_ttft_ms) == (
@@ -66,7 +71,8 @@ def test_predictions_by_model() -> None:
 
 
 def test_dispatch_records_round_trip_and_an_infinite_ttft_is_stored_as_none() -> None:
-    record = DispatchRecord("q", "i", "m", 1_700_000_000.5, 42, 123.0, 88.0, 500.0, 12.5, True)
+    record = DispatchRecord("q", "i", "m", 1_700_000_000.5, 42, 123.0, 88.0, 500.0, 12.5, True, 64, b"12345678",
+                            engine_idle=True)
     assert wire.dispatch_from_bytes(wire.dispatch_to_bytes(record)) == record
     infinite = DispatchRecord("q", "i", "m", 1.0, 1, 1.0, math.inf, 1.0)
     assert wire.dispatch_from_bytes(wire.dispatch_to_bytes(infinite)).predicted_ttft_ms == 0.0
