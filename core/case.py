@@ -37,6 +37,7 @@ _ENGINE_INTS = {  # name: minimum
     "max_model_len": 2,
 }
 _ENGINE_BOOLS = ("enable_chunked_prefill", "scheduler_reserve_full_isl", "async_scheduling")
+_ENGINE_OPTIONAL_BOOLS = ("enable_prefix_caching",)  # false when absent
 _REQUEST_REQUIRED = ("id", "num_prompt_tokens", "num_computed_tokens", "num_output_tokens", "remaining_output_tokens")
 _REQUEST_OPTIONAL = ("num_allocated_blocks", "max_tokens", "num_output_placeholders", "cached_tokens")
 _TOP_LEVEL = ("engine", "free_blocks", "running", "waiting", "query", "batch_time")
@@ -75,6 +76,8 @@ def case_to_json(case: Case) -> dict[str, Any]:
                   "output_tokens": case.query.output_tokens},
         "batch_time": {name: getattr(case.coefficients, name) for name in ("b0", "b1", "b2", "b3")},
     }
+    if engine.enable_prefix_caching:
+        document["engine"]["enable_prefix_caching"] = True
     if case.query_cached_tokens:
         document["query"]["cached_tokens"] = case.query_cached_tokens
     if case.state.shared_blocks:
@@ -130,9 +133,10 @@ def result_to_json(result: ReplayResult) -> dict[str, Any]:
 
 
 def _engine(obj: dict[str, Any]) -> EngineConfig:
-    _keys(obj, "engine", required=(*_ENGINE_INTS, *_ENGINE_BOOLS, "watermark"))
+    _keys(obj, "engine", required=(*_ENGINE_INTS, *_ENGINE_BOOLS, "watermark"), optional=_ENGINE_OPTIONAL_BOOLS)
     ints = {name: _int(obj, name, f"engine.{name}", minimum) for name, minimum in _ENGINE_INTS.items()}
-    bools = {name: _bool(obj, name, f"engine.{name}") for name in _ENGINE_BOOLS}
+    bools = {name: _bool(obj, name, f"engine.{name}") for name in (*_ENGINE_BOOLS, *_ENGINE_OPTIONAL_BOOLS)
+             if name in obj}
     watermark = _number(obj, "watermark", "engine.watermark")
     if not watermark < 1.0:
         raise CaseError(f"engine.watermark: must be in [0, 1), got {watermark}")

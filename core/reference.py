@@ -10,8 +10,12 @@ requests first, in admission order, then WAITING ones in queue order, all under 
 reaching their length finish and free their KV blocks. Under async scheduling the output of step k is processed after
 step k+1 has been scheduled (EngineCore.step_with_batch_queue with two batches in flight).
 
-Prefix caching enters as an input only: a request's `cached_tokens` (the query's `query_cached_tokens`) say how much
-of its prompt the cache is expected to hold when it is admitted from the waiting queue (`prefix_cache_hit`).
+Prefix caching enters as an input: a request's `cached_tokens` (the query's `query_cached_tokens`) say how much of its
+prompt the cache is expected to hold when it is admitted from the waiting queue (`prefix_cache_hit`). With
+`enable_prefix_caching`, a request the replay preempts also resumes from its own blocks still cached: vLLM puts a
+released request's full blocks at the back of its free queue (its last block first) and the others at the front, and
+takes new blocks from the front, evicting what they cached. The replay follows, for each request it preempted, how
+many free blocks are ahead of its released ones (`ahead`) and how many of those are gone (`evicted`).
 """
 
 from __future__ import annotations
@@ -50,6 +54,14 @@ class SchedulerRequest:
     blocks: int
     where: str
     cached: int = 0  # prompt tokens the prefix cache holds at an admission from WAITING (ResidentRequest.cached_tokens)
+    # Prefix caching, once the replay preempted it: its full blocks that others hold (kept) and that it released to
+    # the back of the free queue, `ahead` free blocks before the first of them to go; `evicted` of those are gone.
+    hashed: int = 0  # its full blocks vLLM has cached (prefix caching): as its latest scheduling found its tokens
+    kept_hashed: int = 0
+    hashed_freed: int = 0
+    blocks_freed: int = 0
+    ahead: int = 0
+    evicted: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -85,6 +97,7 @@ class ReferenceScheduler:
         # Async: requests that sample a token in the step in flight.
         self.in_flight: list[SchedulerRequest] = [r for r in self.running if r.placeholders > 0]
         self.num_preemptions = 0
+        self._resumable: list[SchedulerRequest] = []  # preempted here (prefix caching on), waiting, in that order
 
     def add_request(self, request: ResidentRequest) -> SchedulerRequest:
         """A new request joins the back of the waiting queue (before the next step is scheduled)."""
@@ -103,9 +116,12 @@ class ReferenceScheduler:
 
     def _request(self, r: ResidentRequest, where: str) -> SchedulerRequest:
         max_tokens = r.max_tokens if r.max_tokens is not None else self.engine.max_model_len - r.num_prompt_tokens
+        # When the step in flight was scheduled, its output before was not in yet (async scheduling).
+        known = r.num_prompt_tokens + r.num_output_tokens - (r.num_output_placeholders > 0 and r.num_output_tokens > 0)
         return SchedulerRequest(
             r.id, r.num_prompt_tokens, r.num_computed_tokens, r.num_output_tokens, r.num_output_placeholders,
             r.stop_length(self.engine), max_tokens, r.num_allocated_blocks, where, r.cached_tokens,
+            hashed=min(r.num_computed_tokens, known) // self.engine.block_size,
         )
 
     def step(self) -> Step:
@@ -168,7 +184,8 @@ class ReferenceScheduler:
             # checks still reserve the whole sequence, and the request takes all its blocks, the cached ones too, from
             # the free pool (exact when no running request holds the cached blocks, which then sit in vLLM's free
             # queue; else vLLM takes fewer).
-            hit = prefix_cache_hit(request.cached, request.num_tokens, engine.block_size) if not request.computed else 0
+            hit = prefix_cache_hit(self._cached(request), request.num_tokens, engine.block_size) \
+                if not request.computed else 0
             tokens = request.num_tokens - request.computed - hit
             if 0 < threshold < tokens:
                 tokens = threshold
@@ -186,16 +203,43 @@ class ReferenceScheduler:
             if needed + watermark > self.free_blocks:
                 return
             request.computed += hit
+            request.hashed = hit // engine.block_size
             self.waiting.popleft()
             self.running.append(request)
             request.where = RUNNING
-            self._allocate(request, needed)
+            if request in self._resumable:
+                self._resumed(request, hit // engine.block_size)
+            self._allocate(request, needed, taken=max(needed - hit // engine.block_size, 0))  # the hit: found, not taken
             self._add(step, request, tokens)
             budget -= tokens
 
-    def _allocate(self, request: SchedulerRequest, blocks: int) -> None:
+    def _cached(self, request: SchedulerRequest) -> int:
+        """Tokens the prefix cache holds for a request being admitted: its `cached_tokens`, or what is left of its own
+        blocks if the replay preempted it (prefix caching on), whichever is more."""
+        if request not in self._resumable:
+            return request.cached
+        left = request.kept_hashed + request.hashed_freed - request.evicted
+        return max(request.cached, left * self.engine.block_size)
+
+    def _resumed(self, request: SchedulerRequest, hit_blocks: int) -> None:
+        """A preempted request admitted again takes its cached blocks out of the free queue (not from its front):
+        the requests preempted after it have them no longer ahead."""
+        at = self._resumable.index(request)
+        touched = min(request.hashed_freed - request.evicted, max(hit_blocks - request.kept_hashed, 0))
+        for later in self._resumable[at + 1:]:
+            later.ahead = max(later.ahead - touched, 0)
+        del self._resumable[at]
+
+    def _allocate(self, request: SchedulerRequest, blocks: int, taken: int | None = None) -> None:
+        """`blocks` for the request, `taken` of them (all by default) from the front of the free queue, evicting the
+        cached blocks they reach."""
         self.free_blocks -= blocks
         request.blocks += blocks
+        taken = blocks if taken is None else taken
+        for waiting in self._resumable:
+            if taken > waiting.ahead:
+                waiting.evicted = min(waiting.evicted + taken - waiting.ahead, waiting.hashed_freed)
+            waiting.ahead = max(waiting.ahead - taken, 0)
 
     def _add(self, step: Step, request: SchedulerRequest, tokens: int) -> None:
         decode = is_decode(tokens)
@@ -204,6 +248,8 @@ class ReferenceScheduler:
         step.scheduled.append((request, tokens))
         placeholders_before = request.placeholders
         request.computed += tokens
+        # vLLM caches its full blocks of known tokens as it schedules them (KVCacheManager.allocate_slots)
+        request.hashed = max(request.hashed, min(request.computed, request.num_tokens) // self.engine.block_size)
         if request.computed >= request.num_tokens + placeholders_before:  # not a partial prefill chunk: samples
             step.sampled.append(request)
             if self.engine.async_scheduling:
@@ -211,7 +257,11 @@ class ReferenceScheduler:
 
     def _preempt(self, request: SchedulerRequest) -> None:
         """Recompute preemption: blocks freed, progress lost, back to the front of the waiting queue."""
+        free_before = self.free_blocks
         self._release(request)
+        if self.engine.enable_prefix_caching:  # behind every block free before, and its own that went to the front
+            request.ahead, request.evicted = free_before + (request.blocks_freed - request.hashed_freed), 0
+            self._resumable.append(request)
         request.computed = 0
         request.placeholders = 0
         request.where = WAITING
@@ -219,10 +269,20 @@ class ReferenceScheduler:
         self.num_preemptions += 1
 
     def _release(self, request: SchedulerRequest) -> None:
-        """The request's blocks go back to the free pool, but for those another running request still holds."""
+        """The request's blocks go back to the free pool, but for those another running request still holds. Its full
+        blocks (cached, prefix caching on) join the back of the free queue, behind the blocks free now, and the rest
+        the front."""
         kept = min(self.shared_blocks, request.blocks)
+        freed = request.blocks - kept
+        if self.engine.enable_prefix_caching:
+            hashed = min(request.hashed, request.blocks)
+            request.kept_hashed = min(kept, hashed)
+            request.hashed_freed = min(max(hashed - kept, 0), freed)
+            request.blocks_freed = freed
+            for waiting in self._resumable:  # the blocks it cached none of go to the front
+                waiting.ahead += freed - request.hashed_freed
         self.shared_blocks -= kept
-        self.free_blocks += request.blocks - kept
+        self.free_blocks += freed
         request.blocks = 0
 
     def process_outputs(self, samplers: list[SchedulerRequest], finished: list[SchedulerRequest]) -> int:
@@ -242,6 +302,8 @@ class ReferenceScheduler:
                 self._release(request)
             else:
                 self.waiting.remove(request)
+                if request in self._resumable:  # its blocks stay where they are in the free queue
+                    self._resumable.remove(request)
             request.where = FINISHED
             finished.append(request)
         return applied

@@ -27,7 +27,9 @@ class EngineConfig:
     scheduler_reserve_full_isl: bool = True
     watermark: float = 0.0  # fraction of all blocks (usable + null) kept free when admitting
     async_scheduling: bool = False
-    enable_prefix_caching: bool = False  # informational: the caller gives each request's hit (`cached_tokens`)
+    # The caller gives each request's prompt hit (`cached_tokens`); with it, a request the replay preempts resumes from
+    # its own blocks still cached (bear.core.reference).
+    enable_prefix_caching: bool = False
 
     @property
     def watermark_blocks(self) -> int:

@@ -37,6 +37,7 @@ def engines(draw: st.DrawFn) -> EngineConfig:
         scheduler_reserve_full_isl=draw(st.booleans()),
         watermark=draw(st.sampled_from([0.0, 0.0, 0.01, 0.1])),
         async_scheduling=draw(st.booleans()),
+        enable_prefix_caching=draw(st.booleans()),  # a preempted request resumes from its blocks still cached
     )
 
 

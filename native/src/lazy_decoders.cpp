@@ -34,6 +34,8 @@ void LazyDecoders::remove(int32_t id, int64_t now) {
   r.computed += steps;
   r.output += steps;
   r.blocks = cdiv(r.computed, block_size_);
+  // Scheduled in each of those steps: its latest scheduling found all but the output applied since.
+  if (steps > 0) r.hashed = std::max(r.hashed, std::min(r.computed, r.prompt + r.output - 1) / block_size_);
   r.mode = Mode::kExplicit;
 }
 

@@ -27,6 +27,10 @@ struct Request : detail::Request {
   int64_t anchor = 0;
   int64_t generation = 0;
   int32_t bucket = 0, bucket_index = 0;
+  // Prefix caching, once the replay preempted it (core/reference.py): its full blocks that others hold (kept) and that
+  // it released to the back of the free queue, `ahead` free blocks before the first of them to go; `evicted` are gone.
+  bool resumable = false;
+  int64_t kept_hashed = 0, hashed_freed = 0, blocks_freed = 0, ahead = 0, evicted = 0;
 };
 
 // A resident request as the simulation starts it.
@@ -41,6 +45,10 @@ inline detail::Request from_resident(const Resident& r, const EngineConfig& cfg,
                        cfg.max_model_len - r.num_prompt_tokens});
   q.blocks = r.num_allocated_blocks;
   q.cached = r.cached_tokens;
+  // When the step in flight was scheduled, its output before was not in yet (async scheduling).
+  const int64_t known = r.num_prompt_tokens + r.num_output_tokens -
+                        (r.num_output_placeholders > 0 && r.num_output_tokens > 0 ? 1 : 0);
+  q.hashed = std::min(r.num_computed_tokens, known) / cfg.block_size;
   q.where = where;
   return q;
 }

@@ -153,13 +153,13 @@ void Simulator::schedule_running_with_lazy(StepInfo& info, int64_t& budget, int6
   }
   int64_t explicit_tokens = 0;
   if (blocks <= free_blocks_) {
-    free_blocks_ -= static_cast<int64_t>(needers.size());
+    take_blocks(static_cast<int64_t>(needers.size()));
     for (const int32_t id : explicit_) {
       Request& r = reqs_[id];
       const int64_t tokens = r.tokens;
       if (tokens <= 0) continue;
       const int64_t needed = blocks_for(r, tokens);
-      free_blocks_ -= needed;
+      take_blocks(needed);
       r.blocks += needed;
       add_to_batch(id, tokens, info);
       explicit_tokens += tokens;
@@ -200,7 +200,7 @@ bool Simulator::allocate(int32_t id, int64_t blocks, StepInfo& info) {
       return false;
     }
   }
-  free_blocks_ -= blocks;
+  take_blocks(blocks);
   if (reqs_[id].mode == Mode::kExplicit) reqs_[id].blocks += blocks;  // a lazy one's blocks follow its tokens
   return true;
 }
@@ -213,7 +213,7 @@ void Simulator::schedule_waiting(StepInfo& info, int64_t& budget, int64_t thresh
     const int64_t num_tokens = w.prompt + w.output;
     // A request starting from scratch first takes the cached part of its prompt (see replay.hpp): those tokens start
     // out computed and its chunk attends to them; its blocks, the cached ones too, still come from the free pool.
-    const int64_t hit = w.computed == 0 ? prefix_cache_hit(w.cached, num_tokens, cfg_.block_size) : 0;
+    const int64_t hit = w.computed == 0 ? prefix_cache_hit(cached_tokens(w), num_tokens, cfg_.block_size) : 0;
     int64_t tokens = num_tokens - w.computed - hit;
     if (threshold > 0 && threshold < tokens) tokens = threshold;
     if (!cfg_.enable_chunked_prefill && tokens > budget) break;
@@ -228,9 +228,12 @@ void Simulator::schedule_waiting(StepInfo& info, int64_t& budget, int64_t thresh
         cdiv(std::min(w.computed + hit + tokens, cfg_.max_model_len), cfg_.block_size) - w.blocks, 0);
     if (needed + watermark > free_blocks_) break;
     w.computed += hit;
+    w.hashed = hit / cfg_.block_size;
     waiting_.pop_back();
     admit(id);
+    if (w.resumable) resumed(id, hit / cfg_.block_size);
     free_blocks_ -= needed;
+    evict_front(std::max<int64_t>(needed - hit / cfg_.block_size, 0));  // the hit's blocks are found, not taken
     w.blocks += needed;
     add_to_batch(id, tokens, info);
     info.admitted = true;
@@ -252,6 +255,8 @@ void Simulator::add_to_batch(int32_t id, int64_t tokens, StepInfo& info) {
   r.scheduled_step = num_batches_ + 1;
   const int64_t placeholders_before = r.placeholders;
   r.computed += tokens;
+  // vLLM caches its full blocks of known tokens as it schedules them (KVCacheManager.allocate_slots)
+  r.hashed = std::max(r.hashed, std::min(r.computed, r.prompt + r.output) / cfg_.block_size);
   // A step samples a request's next token when it computes its last known token (not a partial chunk).
   if (r.computed >= r.prompt + r.output + placeholders_before) {
     sampled_.push_back(id);
@@ -262,17 +267,62 @@ void Simulator::add_to_batch(int32_t id, int64_t tokens, StepInfo& info) {
 
 // The request's blocks go back to the free pool, but for those another running request still holds (shared_blocks_:
 // prefix-cache hits on its blocks, paid off by the first blocks released).
+// With prefix caching its full blocks join the back of vLLM's free queue, behind the blocks free now, the rest the front.
 void Simulator::release(Request& r) {
   const int64_t kept = std::min(shared_blocks_, r.blocks);
+  const int64_t freed = r.blocks - kept;
+  if (cfg_.enable_prefix_caching) {
+    const int64_t hashed = std::min(r.hashed, r.blocks);
+    r.kept_hashed = std::min(kept, hashed);
+    r.hashed_freed = std::min(std::max<int64_t>(hashed - kept, 0), freed);
+    r.blocks_freed = freed;
+    for (const int32_t id : resumable_) reqs_[id].ahead += freed - r.hashed_freed;  // to the front
+  }
   shared_blocks_ -= kept;
-  free_blocks_ += r.blocks - kept;
+  free_blocks_ += freed;
   r.blocks = 0;
+}
+
+// `blocks` taken from the front of the free queue evict the cached blocks they reach.
+void Simulator::evict_front(int64_t blocks) {
+  for (const int32_t id : resumable_) {
+    Request& w = reqs_[id];
+    if (blocks > w.ahead) w.evicted = std::min(w.evicted + blocks - w.ahead, w.hashed_freed);
+    w.ahead = std::max<int64_t>(w.ahead - blocks, 0);
+  }
+}
+
+// A preempted request admitted again takes its cached blocks out of the free queue (not from its front): the requests
+// preempted after it have them no longer ahead.
+void Simulator::resumed(int32_t id, int64_t hit_blocks) {
+  Request& r = reqs_[id];
+  const auto at = std::find(resumable_.begin(), resumable_.end(), id);
+  const int64_t touched = std::min(r.hashed_freed - r.evicted, std::max<int64_t>(hit_blocks - r.kept_hashed, 0));
+  for (auto later = at + 1; later != resumable_.end(); ++later) {
+    reqs_[*later].ahead = std::max<int64_t>(reqs_[*later].ahead - touched, 0);
+  }
+  resumable_.erase(at);
+  r.resumable = false;
+}
+
+// Tokens the prefix cache holds for a request being admitted: its cached_tokens, or what is left of its own blocks if
+// the replay preempted it (prefix caching on), whichever is more.
+int64_t Simulator::cached_tokens(const Request& r) const {
+  if (!r.resumable) return r.cached;
+  return std::max(r.cached, (r.kept_hashed + r.hashed_freed - r.evicted) * cfg_.block_size);
 }
 
 // Recompute preemption: blocks freed, progress lost, back to the front of the queue.
 void Simulator::preempt(int32_t id) {
   Request& r = reqs_[id];
+  const int64_t free_before = free_blocks_;
   release(r);
+  if (cfg_.enable_prefix_caching) {  // behind every block free before, and its own that went to the front
+    r.ahead = free_before + (r.blocks_freed - r.hashed_freed);
+    r.evicted = 0;
+    r.resumable = true;
+    resumable_.push_back(id);
+  }
   r.computed = 0;
   r.placeholders = 0;
   r.where = detail::Where::kWaiting;
@@ -300,6 +350,10 @@ void Simulator::apply_outputs(const std::vector<int32_t>& samplers, StepInfo& in
       finished_running = true;
     } else {
       waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
+      if (r.resumable) {  // its blocks stay where they are in the free queue
+        resumable_.erase(std::find(resumable_.begin(), resumable_.end(), id));
+        r.resumable = false;
+      }
     }
     r.where = detail::Where::kFinished;
   }
@@ -492,7 +546,7 @@ int64_t Simulator::run_length() {
 void Simulator::fast_forward(int64_t steps) {
   const int64_t n = lazy_.count();
   const int64_t context = lazy_.context_sum();
-  free_blocks_ -= lazy_.blocks_needed(num_batches_, steps);
+  take_blocks(lazy_.blocks_needed(num_batches_, steps));
   if (opt_.record_batches) {
     Batch batch;
     for (const auto& entry : running_) {

@@ -61,6 +61,13 @@ class Simulator {
   int32_t pop_last_running();
   void admit(int32_t id);
   void drop_finished_explicit();
+  void take_blocks(int64_t blocks) {
+    free_blocks_ -= blocks;
+    evict_front(blocks);
+  }
+  void evict_front(int64_t blocks);
+  void resumed(int32_t id, int64_t hit_blocks);
+  int64_t cached_tokens(const Request& r) const;
 
   // Lazy bookkeeping.
   void make_lazy_where_possible();
@@ -95,6 +102,7 @@ class Simulator {
   std::vector<int32_t> waiting_;                      // reversed: the head of the queue is back()
   LazyDecoders lazy_;
   int64_t free_blocks_;
+  std::vector<int32_t> resumable_;  // preempted here (prefix caching on) and waiting, in that order
   int64_t shared_blocks_;
   int64_t watermark_blocks_;
   int64_t next_seq_ = 0;

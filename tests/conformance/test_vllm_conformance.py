@@ -6,7 +6,8 @@ the query's first token. `make test` sets BEAR_VLLM_PYTHON; without it these tes
 
 `vllm_prefix_driver.py` does the same with prefix caching on and prompts sharing prefixes: each waiting request's and
 the query's `cached_tokens` is what vLLM's block pool holds of its prompt at the snapshot (the oracle an estimator
-approximates).
+approximates). `vllm_driver.py --prefix-caching` runs its random workloads (no prompt shares a block with another)
+with prefix caching on: what the cache changes there is where a preempted request resumes.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ DRIVER = Path(__file__).with_name("vllm_driver.py")
 PREFIX_DRIVER = Path(__file__).with_name("vllm_prefix_driver.py")
 NUM_CASES = int(os.environ.get("BEAR_CONFORMANCE_CASES", "400"))
 NUM_PREFIX_CASES = int(os.environ.get("BEAR_CONFORMANCE_PREFIX_CASES", "80"))
+NUM_CACHING_CASES = int(os.environ.get("BEAR_CONFORMANCE_CACHING_CASES", "160"))
+# A request vLLM preempted before the snapshot resumes from its blocks still cached, which no snapshot says.
+PREEMPTED_BEFORE = ("waiting_preempted", "waiting_folded")
 SEED = int(os.environ.get("BEAR_CONFORMANCE_SEED", "1"))
 
 
@@ -54,6 +58,13 @@ def vllm_cases(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]
 def vllm_prefix_cases(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out = tmp_path_factory.mktemp("conformance") / "prefix_cases.jsonl"
     return _drive(PREFIX_DRIVER, ["--cases", str(NUM_PREFIX_CASES)], out)
+
+
+@pytest.fixture(scope="module")
+def vllm_caching_cases(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    out = tmp_path_factory.mktemp("conformance") / "caching_cases.jsonl"
+    return _drive(DRIVER, ["--cases", str(NUM_CACHING_CASES), "--mode", "mixed", "--no-timing", "--prefix-caching"],
+                  out)
 
 
 def _replay(record: dict[str, Any], engine: ReplayEngine) -> ReplayResult:
@@ -119,6 +130,21 @@ def test_where_memory_binds_on_blocks_a_running_request_holds_the_replay_admits_
     assert result.first_token_batch is not None and result.first_token_batch > 1
     steps = [dict(batch.scheduled) for batch in result.batches]
     assert steps[:-1] == [{"r0": 1}] * (len(steps) - 1) and steps[-1] == {"q": 64}  # after r0's end
+
+
+@pytest.mark.parametrize("engine", list(ReplayEngine), ids=lambda e: e.value)
+def test_with_prefix_caching_a_preempted_request_resumes_where_vllm_resumes_it(
+        vllm_caching_cases: list[dict[str, Any]], engine: ReplayEngine) -> None:
+    """Preempted during the replay, a request resumes from its own blocks vLLM has not evicted yet (its free queue's
+    order: full blocks to the back, the rest to the front, new blocks from the front). Batch for batch in every case
+    but those with a request vLLM preempted before the snapshot (its cached blocks are not in the case)."""
+    known = [r for r in vllm_caching_cases if not any(kind in r["meta"]["kinds"] for kind in PREEMPTED_BEFORE)]
+    preempting = [r for r in known if r["meta"]["num_preemptions_during"] > 0]
+    assert len(preempting) >= len(vllm_caching_cases) // 10, len(preempting)
+    mismatches = [m for m in (_mismatch(record, engine) for record in known) if m]
+    print(f"\n{engine.value}: {len(known) - len(mismatches)}/{len(known)} cases identical to vLLM with prefix caching "
+          f"({len(preempting)} preempting; {len(vllm_caching_cases) - len(known)} with a request preempted before)")
+    assert not mismatches, "\n".join(mismatches[:10])
 
 
 def test_the_prefix_cases_exercise_every_kind_of_hit(vllm_prefix_cases: list[dict[str, Any]]) -> None:

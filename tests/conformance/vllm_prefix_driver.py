@@ -110,8 +110,8 @@ def snapshot(eng, eng_cfg, query, query_cached):
     shared = free + sum(r["num_allocated_blocks"] for r in running) - eng_cfg["num_gpu_blocks"]
     assert shared >= 0 and len(s.requests) == len(running) + len(waiting)
     query = dict(query, **({"cached_tokens": query_cached} if query_cached else {}))
-    case = {"engine": {k: eng_cfg[k] for k in ENGINE_KEYS}, "free_blocks": free, "running": running,
-            "waiting": waiting, "query": query, "batch_time": dict(BATCH_TIME)}
+    case = {"engine": {**{k: eng_cfg[k] for k in ENGINE_KEYS}, "enable_prefix_caching": True}, "free_blocks": free,
+            "running": running, "waiting": waiting, "query": query, "batch_time": dict(BATCH_TIME)}
     if shared:
         case["shared_blocks"] = shared
     return case

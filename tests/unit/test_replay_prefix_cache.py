@@ -84,6 +84,32 @@ def test_a_preempted_running_request_takes_its_hit_when_admitted_again(engine: R
     assert scheduled(run(uncached, make_query(prompt=50), engine))[-1] == {"b": 145, "q": 50}
 
 
+@pytest.mark.parametrize(("remaining", "resumed"), [(4, {"b": 1, "q": 50}), (40, {"b": 33, "q": 50})])
+def test_with_prefix_caching_a_preempted_request_resumes_from_its_blocks_still_cached(
+        engine: ReplayEngine, remaining: int, resumed: dict[str, int]) -> None:
+    """b (144 + 1 tokens, 9 full blocks) preempts itself at once; its blocks go to the back of vLLM's free queue, the
+    only free blocks. If a finishes within its block, b finds all 9 again (144 tokens: one left to compute); if a
+    grows by two more blocks first, those come from the front of the queue: b's last two, so 7 are left (112)."""
+    for prefix_caching, last in ((False, {"b": 145, "q": 50}), (True, resumed)):
+        state = make_state(running=[decoding("a", prompt=160, remaining=remaining), decoding("b", prompt=144)],
+                           engine=make_engine(num_gpu_blocks=20, enable_prefix_caching=prefix_caching))
+        result = run(state, make_query(prompt=50), engine)
+        assert result.num_preemptions == 1 and scheduled(result)[-1] == last
+
+
+def test_blocks_freed_after_a_preemption_go_ahead_of_the_cached_ones_only_if_they_cached_nothing(
+        engine: ReplayEngine) -> None:
+    """b (400 + 1 tokens, 25 full blocks) preempts itself and, with the watermark, waits for c's end. Meanwhile a
+    finishes: its full block goes behind b's, its partial one ahead of them. c then grows by three blocks: the first
+    is a's partial one, the other two b's last two: b resumes from 23 blocks (368 tokens), 33 tokens to compute."""
+    state = make_state(running=[decoding("a", prompt=20, remaining=2), decoding("c", prompt=160, remaining=60),
+                                decoding("b", prompt=400)],
+                       engine=make_engine(num_gpu_blocks=38, watermark=0.1, enable_prefix_caching=True))
+    result = run(state, make_query(prompt=50), engine)
+    assert result.num_preemptions == 1
+    assert next(step for step in scheduled(result) if "b" in step)["b"] == 401 - 23 * 16
+
+
 def test_the_cached_blocks_still_come_from_the_free_pool(engine: ReplayEngine) -> None:
     # Conservative (exact when the cached blocks are free, not held by a running request): the head of the queue
     # needs its whole sequence's blocks free, however much of it is cached.

@@ -28,7 +28,8 @@ struct EngineConfig {
   bool scheduler_reserve_full_isl = true;
   double watermark = 0.0;                 // fraction of all blocks (usable + null) kept free at admission
   bool async_scheduling = false;
-  bool enable_prefix_caching = false;  // informational: each request's hit is given (cached_tokens)
+  bool enable_prefix_caching = false;  // each request's prompt hit is given (cached_tokens); a preempted one resumes
+                                      // from its own blocks still cached
 };
 
 // One resident request in vLLM's own terms.
@@ -62,6 +63,7 @@ struct Request {
   int64_t target = 0;  // output length at which the request stops
   int64_t max_tokens = 0, blocks = 0;
   int64_t cached = 0;  // Resident::cached_tokens
+  int64_t hashed = 0;  // full blocks vLLM has cached for it (prefix caching): as its latest scheduling found its tokens
   Where where = Where::kWaiting;
 };
 }  // namespace detail
