@@ -54,9 +54,9 @@ class SchedulerRequest:
     blocks: int
     where: str
     cached: int = 0  # prompt tokens the prefix cache holds at an admission from WAITING (ResidentRequest.cached_tokens)
+    hashed: int = 0  # its full blocks vLLM has cached (prefix caching): as its latest scheduling found its tokens
     # Prefix caching, once the replay preempted it: its full blocks that others hold (kept) and that it released to
     # the back of the free queue, `ahead` free blocks before the first of them to go; `evicted` of those are gone.
-    hashed: int = 0  # its full blocks vLLM has cached (prefix caching): as its latest scheduling found its tokens
     kept_hashed: int = 0
     hashed_freed: int = 0
     blocks_freed: int = 0

@@ -53,6 +53,7 @@ class InstanceObservations:
             raise ValueError("window must be >= 1, throughput_window_s > 0 and residual_window >= 0")
         # (residual, observed TTFT, whether the query found the engine idle)
         self._residuals_s: deque[tuple[float, float, bool]] = deque(maxlen=residual_window)
+        self._offsets_s = (0.0, 0.0)  # (busy, idle), as of the latest residual: read on every Route call
         self._ttft_s: deque[float] = deque(maxlen=window)
         self._tpot_s: deque[float] = deque(maxlen=window)
         self._completions_s: deque[float] = deque()
@@ -70,6 +71,7 @@ class InstanceObservations:
                 residual = ttft_s - estimated_ttft_s
                 if residual <= max(MAX_RESIDUAL_S, estimated_ttft_s):
                     self._residuals_s.append((residual, ttft_s, engine_idle))
+                    self._offsets_s = (self._offset_s(False), self._offset_s(True))
         if tpot_s is not None and math.isfinite(tpot_s):
             self._tpot_s.append(tpot_s)
         if completed_at_s is not None:
@@ -85,6 +87,9 @@ class InstanceObservations:
 
     def ttft_offset_s(self, engine_idle: bool = False) -> float:
         """The offset for a query that finds the engine idle (`engine_idle`) or busy."""
+        return self._offsets_s[engine_idle]
+
+    def _offset_s(self, engine_idle: bool) -> float:
         if len(self._residuals_s) < MIN_RESIDUALS:
             return 0.0
         rows = np.array(self._residuals_s)
