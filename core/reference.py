@@ -59,7 +59,6 @@ class SchedulerRequest:
     # the back of the free queue, `ahead` free blocks before the first of them to go; `evicted` of those are gone.
     kept_hashed: int = 0
     hashed_freed: int = 0
-    blocks_freed: int = 0
     ahead: int = 0
     evicted: int = 0
 
@@ -258,9 +257,9 @@ class ReferenceScheduler:
     def _preempt(self, request: SchedulerRequest) -> None:
         """Recompute preemption: blocks freed, progress lost, back to the front of the waiting queue."""
         free_before = self.free_blocks
-        self._release(request)
+        to_front = self._release(request)
         if self.engine.enable_prefix_caching:  # behind every block free before, and its own that went to the front
-            request.ahead, request.evicted = free_before + (request.blocks_freed - request.hashed_freed), 0
+            request.ahead, request.evicted = free_before + to_front, 0
             self._resumable.append(request)
         request.computed = 0
         request.placeholders = 0
@@ -268,22 +267,24 @@ class ReferenceScheduler:
         self.waiting.appendleft(request)
         self.num_preemptions += 1
 
-    def _release(self, request: SchedulerRequest) -> None:
+    def _release(self, request: SchedulerRequest) -> int:
         """The request's blocks go back to the free pool, but for those another running request still holds. Its full
         blocks (cached, prefix caching on) join the back of the free queue, behind the blocks free now, and the rest
-        the front."""
+        the front: returns how many went to the front."""
         kept = min(self.shared_blocks, request.blocks)
         freed = request.blocks - kept
+        to_front = freed
         if self.engine.enable_prefix_caching:
             hashed = min(request.hashed, request.blocks)
             request.kept_hashed = min(kept, hashed)
             request.hashed_freed = min(max(hashed - kept, 0), freed)
-            request.blocks_freed = freed
-            for waiting in self._resumable:  # the blocks it cached none of go to the front
-                waiting.ahead += freed - request.hashed_freed
+            to_front = freed - request.hashed_freed
+            for waiting in self._resumable:
+                waiting.ahead += to_front
         self.shared_blocks -= kept
         self.free_blocks += freed
         request.blocks = 0
+        return to_front
 
     def process_outputs(self, samplers: list[SchedulerRequest], finished: list[SchedulerRequest]) -> int:
         """Appends one token per sampler (a preempted one's stale token too) and finishes those at their length."""

@@ -30,7 +30,7 @@ struct Request : detail::Request {
   // Prefix caching, once the replay preempted it (core/reference.py): its full blocks that others hold (kept) and that
   // it released to the back of the free queue, `ahead` free blocks before the first of them to go; `evicted` are gone.
   bool resumable = false;
-  int64_t kept_hashed = 0, hashed_freed = 0, blocks_freed = 0, ahead = 0, evicted = 0;
+  int64_t kept_hashed = 0, hashed_freed = 0, ahead = 0, evicted = 0;
 };
 
 // A resident request as the simulation starts it.

@@ -268,19 +268,21 @@ void Simulator::add_to_batch(int32_t id, int64_t tokens, StepInfo& info) {
 // The request's blocks go back to the free pool, but for those another running request still holds (shared_blocks_:
 // prefix-cache hits on its blocks, paid off by the first blocks released).
 // With prefix caching its full blocks join the back of vLLM's free queue, behind the blocks free now, the rest the front.
-void Simulator::release(Request& r) {
+int64_t Simulator::release(Request& r) {
   const int64_t kept = std::min(shared_blocks_, r.blocks);
   const int64_t freed = r.blocks - kept;
+  int64_t to_front = freed;
   if (cfg_.enable_prefix_caching) {
     const int64_t hashed = std::min(r.hashed, r.blocks);
     r.kept_hashed = std::min(kept, hashed);
     r.hashed_freed = std::min(std::max<int64_t>(hashed - kept, 0), freed);
-    r.blocks_freed = freed;
-    for (const int32_t id : resumable_) reqs_[id].ahead += freed - r.hashed_freed;  // to the front
+    to_front = freed - r.hashed_freed;
+    for (const int32_t id : resumable_) reqs_[id].ahead += to_front;
   }
   shared_blocks_ -= kept;
   free_blocks_ += freed;
   r.blocks = 0;
+  return to_front;
 }
 
 // `blocks` taken from the front of the free queue evict the cached blocks they reach.
@@ -316,9 +318,9 @@ int64_t Simulator::cached_tokens(const Request& r) const {
 void Simulator::preempt(int32_t id) {
   Request& r = reqs_[id];
   const int64_t free_before = free_blocks_;
-  release(r);
+  const int64_t to_front = release(r);
   if (cfg_.enable_prefix_caching) {  // behind every block free before, and its own that went to the front
-    r.ahead = free_before + (r.blocks_freed - r.hashed_freed);
+    r.ahead = free_before + to_front;
     r.evicted = 0;
     r.resumable = true;
     resumable_.push_back(id);

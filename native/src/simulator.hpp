@@ -51,7 +51,7 @@ class Simulator {
   void schedule_waiting(StepInfo& info, int64_t& budget, int64_t threshold);
   void add_to_batch(int32_t id, int64_t tokens, StepInfo& info);
   void preempt(int32_t id);
-  void release(Request& r);
+  int64_t release(Request& r);  // returns the blocks it put at the front of the free queue
   void apply_outputs(const std::vector<int32_t>& samplers, StepInfo& info);
   void account_batch(StepInfo& info);
   void record_batch();
