@@ -39,7 +39,8 @@ _ENGINE_INTS = {  # name: minimum
 _ENGINE_BOOLS = ("enable_chunked_prefill", "scheduler_reserve_full_isl", "async_scheduling")
 _ENGINE_OPTIONAL_BOOLS = ("enable_prefix_caching",)  # false when absent
 _REQUEST_REQUIRED = ("id", "num_prompt_tokens", "num_computed_tokens", "num_output_tokens", "remaining_output_tokens")
-_REQUEST_OPTIONAL = ("num_allocated_blocks", "max_tokens", "num_output_placeholders", "cached_tokens")
+_EVICTABLE = ("num_evictable_blocks", "num_free_blocks_ahead")  # a waiting request's own blocks still cached
+_REQUEST_OPTIONAL = ("num_allocated_blocks", "max_tokens", "num_output_placeholders", "cached_tokens", *_EVICTABLE)
 _TOP_LEVEL = ("engine", "free_blocks", "running", "waiting", "query", "batch_time")
 
 
@@ -108,6 +109,9 @@ def _request_to_json(r: ResidentRequest, *, waiting: bool) -> dict[str, Any]:
         item["num_output_placeholders"] = r.num_output_placeholders
     if r.cached_tokens:
         item["cached_tokens"] = r.cached_tokens
+    if r.num_evictable_blocks or r.num_free_blocks_ahead:
+        item["num_evictable_blocks"] = r.num_evictable_blocks
+        item["num_free_blocks_ahead"] = r.num_free_blocks_ahead
     return item
 
 
@@ -171,17 +175,28 @@ def _request(item: Any, path: str, engine: EngineConfig, *, waiting: bool) -> Re
         num_allocated_blocks=blocks,
         max_tokens=max_tokens,
         num_output_placeholders=placeholders,
-        cached_tokens=_cached_tokens(obj, path, prompt),
+        cached_tokens=_cached_tokens(obj, path, prompt + output),
+        **_evictable(obj, path, engine, waiting=waiting),
     )
 
 
-def _cached_tokens(obj: dict[str, Any], path: str, prompt: int) -> int:
-    """Optional `cached_tokens` of a request or the query: 0 … its prompt length (default 0)."""
+def _evictable(obj: dict[str, Any], path: str, engine: EngineConfig, *, waiting: bool) -> dict[str, int]:
+    """Optional `num_evictable_blocks` and `num_free_blocks_ahead` of a waiting request (prefix caching on)."""
+    given = {name: _int(obj, name, f"{path}.{name}", 0) for name in _EVICTABLE if name in obj}
+    for name, value in given.items():
+        if value and not (waiting and engine.enable_prefix_caching):
+            raise CaseError(f"{path}.{name}: only a waiting request's, with engine.enable_prefix_caching")
+    return given
+
+
+def _cached_tokens(obj: dict[str, Any], path: str, limit: int) -> int:
+    """Optional `cached_tokens` of a request or the query: 0 … its tokens, a request's outputs included (default 0)."""
     if "cached_tokens" not in obj:
         return 0
     cached = _int(obj, "cached_tokens", f"{path}.cached_tokens", 0)
-    if cached > prompt:
-        raise CaseError(f"{path}.cached_tokens: {cached} exceeds num_prompt_tokens ({prompt})")
+    if cached > limit:
+        what = "num_prompt_tokens" if path == "query" else "num_prompt_tokens + num_output_tokens"
+        raise CaseError(f"{path}.cached_tokens: {cached} exceeds {what} ({limit})")
     return cached
 
 

@@ -15,7 +15,9 @@ prompt the cache is expected to hold when it is admitted from the waiting queue 
 `enable_prefix_caching`, a request the replay preempts also resumes from its own blocks still cached: vLLM puts a
 released request's full blocks at the back of its free queue (its last block first) and the others at the front, and
 takes new blocks from the front, evicting what they cached. The replay follows, for each request it preempted, how
-many free blocks are ahead of its released ones (`ahead`) and how many of those are gone (`evicted`).
+many free blocks are ahead of its released ones (`ahead`) and how many of those are gone (`evicted`); a waiting request
+of the state whose own blocks are still cached (`num_evictable_blocks`, `num_free_blocks_ahead`: vLLM preempted it
+before the state was taken) starts out so.
 """
 
 from __future__ import annotations
@@ -96,7 +98,10 @@ class ReferenceScheduler:
         # Async: requests that sample a token in the step in flight.
         self.in_flight: list[SchedulerRequest] = [r for r in self.running if r.placeholders > 0]
         self.num_preemptions = 0
-        self._resumable: list[SchedulerRequest] = []  # preempted here (prefix caching on), waiting, in that order
+        # Waiting with blocks of their own in the free queue (prefix caching on), in the order those go: the state's
+        # (by their blocks' place in the queue), then those preempted here, in that order.
+        self._resumable: list[SchedulerRequest] = sorted((r for r in self.waiting if r.hashed_freed),
+                                                         key=lambda r: r.ahead)
 
     def add_request(self, request: ResidentRequest) -> SchedulerRequest:
         """A new request joins the back of the waiting queue (before the next step is scheduled)."""
@@ -107,8 +112,13 @@ class ReferenceScheduler:
     def state(self) -> InstanceState:
         """The engine's state now, in vLLM's terms (remaining output tokens: up to each request's stop length)."""
         def resident(r: SchedulerRequest) -> ResidentRequest:
+            cached, evictable, ahead = r.cached, 0, 0
+            if r in self._resumable:
+                cached = self._cached(r)
+                evictable = r.hashed_freed - r.evicted
+                ahead = max(min(r.ahead, self.free_blocks - evictable), 0) if evictable else 0
             return ResidentRequest(r.id, r.prompt, r.computed, r.output, max(r.stop_length - r.output, 1), r.blocks,
-                                   r.max_tokens, r.placeholders, r.cached)
+                                   r.max_tokens, r.placeholders, cached, evictable, ahead)
 
         return InstanceState(self.engine, self.free_blocks, tuple(map(resident, self.running)),
                              tuple(map(resident, self.waiting)), self.shared_blocks)
@@ -117,11 +127,15 @@ class ReferenceScheduler:
         max_tokens = r.max_tokens if r.max_tokens is not None else self.engine.max_model_len - r.num_prompt_tokens
         # When the step in flight was scheduled, its output before was not in yet (async scheduling).
         known = r.num_prompt_tokens + r.num_output_tokens - (r.num_output_placeholders > 0 and r.num_output_tokens > 0)
-        return SchedulerRequest(
+        request = SchedulerRequest(
             r.id, r.num_prompt_tokens, r.num_computed_tokens, r.num_output_tokens, r.num_output_placeholders,
             r.stop_length(self.engine), max_tokens, r.num_allocated_blocks, where, r.cached_tokens,
             hashed=min(r.num_computed_tokens, known) // self.engine.block_size,
         )
+        if r.num_evictable_blocks:  # its own blocks still cached (the state's): it resumes from what is left of them
+            request.kept_hashed = r.cached_tokens // self.engine.block_size - r.num_evictable_blocks
+            request.hashed_freed, request.ahead, request.cached = r.num_evictable_blocks, r.num_free_blocks_ahead, 0
+        return request
 
     def step(self) -> Step:
         """One engine step: schedule, then process the outputs that are due (this step's, or the previous one's)."""

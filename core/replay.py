@@ -85,10 +85,11 @@ def prepare(state: InstanceState) -> PreparedState:
 def _table(requests: Sequence[ResidentRequest]) -> np.ndarray:
     rows = [
         (r.num_prompt_tokens, r.num_computed_tokens, r.num_output_tokens, r.remaining_output_tokens,
-         r.num_allocated_blocks, r.max_tokens or 0, r.num_output_placeholders, r.cached_tokens)
+         r.num_allocated_blocks, r.max_tokens or 0, r.num_output_placeholders, r.cached_tokens,
+         r.num_evictable_blocks, r.num_free_blocks_ahead)
         for r in requests
     ]
-    return np.array(rows, dtype=np.int64).reshape(len(rows), 8)
+    return np.array(rows, dtype=np.int64).reshape(len(rows), 10)
 
 
 def estimate(

@@ -49,9 +49,16 @@ class ResidentRequest:
     num_allocated_blocks: int = 0
     max_tokens: int | None = None  # None: max_model_len - num_prompt_tokens, as vLLM sets it
     num_output_placeholders: int = 0  # async: tokens the step in flight appends to the output
-    # Prompt-prefix tokens the prefix cache is expected to hold whenever the request is admitted from the waiting
-    # queue (a waiting request or an arrival; a running one once preempted): bear.core.reference.prefix_cache_hit.
+    # Prefix tokens (its prompt's, and a preempted request's outputs too) the prefix cache is expected to hold whenever
+    # the request is admitted from the waiting queue (a waiting request or an arrival; a running one once preempted):
+    # bear.core.reference.prefix_cache_hit.
     cached_tokens: int = 0
+    # A waiting request's own blocks still cached (prefix caching on; vLLM's block pool says, e.g. for a request it
+    # preempted): of the blocks behind `cached_tokens`, the last `num_evictable_blocks` sit in vLLM's free queue,
+    # `num_free_blocks_ahead` free blocks before the first of them to go. The replay evicts them as it takes blocks from
+    # the front of the queue, and the request resumes from what is left.
+    num_evictable_blocks: int = 0
+    num_free_blocks_ahead: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -127,6 +134,9 @@ def check_state(state: InstanceState) -> None:
         for index, request in enumerate(requests):
             problem = _resident_problem(request, engine, waiting=queue == "waiting")
             _require(problem is None, f"{queue}[{index}] (id {request.id!r}): {problem}")
+            _require(request.num_free_blocks_ahead + request.num_evictable_blocks <= state.free_blocks,
+                     f"{queue}[{index}] (id {request.id!r}): num_free_blocks_ahead + num_evictable_blocks exceed "
+                     f"free_blocks ({state.free_blocks})")
     # a shared block is a whole block of its holders' computed tokens
     shareable = sum(r.num_computed_tokens // engine.block_size for r in state.running)
     _require(0 <= state.shared_blocks <= shareable,
@@ -163,6 +173,9 @@ def check_arrivals(arrivals: Sequence[Arrival], engine: EngineConfig, taken_ids:
         _require(math.isfinite(arrival.time_s), f"arrivals[{index}].time_s must be finite")
         problem = _resident_problem(request, engine, waiting=True)
         _require(problem is None, f"arrivals[{index}] (id {request.id!r}): {problem}")
+        _require(not request.num_evictable_blocks and not request.num_free_blocks_ahead,
+                 f"arrivals[{index}] (id {request.id!r}): an arrival has no blocks in the free queue "
+                 "(num_evictable_blocks, num_free_blocks_ahead)")
         _require(request.id not in seen, f"arrivals[{index}]: id {request.id!r} is already taken")
         seen.add(request.id)
 
@@ -173,8 +186,12 @@ def _resident_problem(request: ResidentRequest, engine: EngineConfig, *, waiting
         return "num_prompt_tokens must be >= 1"
     if min(counts) < 0 or request.num_output_placeholders < 0:
         return "token and block counts must be non-negative"
-    if not 0 <= request.cached_tokens <= request.num_prompt_tokens:
-        return "cached_tokens must be in [0, num_prompt_tokens]"
+    if not 0 <= request.cached_tokens <= request.num_tokens:
+        return "cached_tokens must be in [0, num_prompt_tokens + num_output_tokens]"
+    if request.num_evictable_blocks or request.num_free_blocks_ahead:
+        problem = _evictable_problem(request, engine, waiting=waiting)
+        if problem is not None:
+            return problem
     if request.remaining_output_tokens < 1:
         return "remaining_output_tokens must be >= 1 (a request with nothing left to generate has finished)"
     if request.num_computed_tokens > request.num_tokens + request.num_output_placeholders - (0 if waiting else 1):
@@ -187,6 +204,20 @@ def _resident_problem(request: ResidentRequest, engine: EngineConfig, *, waiting
         return "fewer blocks than its computed tokens need"
     if waiting and (request.num_computed_tokens or request.num_allocated_blocks or request.num_output_placeholders):
         return "a waiting request holds no computed tokens, blocks or placeholders"
+    return None
+
+
+def _evictable_problem(request: ResidentRequest, engine: EngineConfig, *, waiting: bool) -> str | None:
+    if not engine.enable_prefix_caching:
+        return "num_evictable_blocks and num_free_blocks_ahead need engine.enable_prefix_caching"
+    if not waiting:
+        return "num_evictable_blocks and num_free_blocks_ahead are a waiting request's"
+    if min(request.num_evictable_blocks, request.num_free_blocks_ahead) < 0:
+        return "num_evictable_blocks and num_free_blocks_ahead must be non-negative"
+    if request.num_evictable_blocks * engine.block_size > request.cached_tokens:
+        return "num_evictable_blocks exceeds the blocks behind cached_tokens"
+    if request.num_free_blocks_ahead + request.num_evictable_blocks > engine.num_gpu_blocks:
+        return "num_free_blocks_ahead + num_evictable_blocks exceed engine.num_gpu_blocks"
     return None
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import strategies as st
 
 from bear.core.batch_time import BatchTimeCoefficients
@@ -84,7 +86,23 @@ def states(draw: st.DrawFn) -> InstanceState:
     shared = draw(st.sampled_from([0, 0, 0, 1]) | st.integers(0, shareable)) if shareable else 0
     shared = min(shared, shareable)
     free = num_gpu_blocks - held - leaked if held + leaked <= num_gpu_blocks else 0
-    return InstanceState(engine, free + draw(st.sampled_from([0, shared])), running, waiting, shared)
+    free += draw(st.sampled_from([0, shared]))
+    if engine.enable_prefix_caching:
+        waiting = tuple(draw(evictable(r, engine, free)) for r in waiting)
+    return InstanceState(engine, free, running, waiting, shared)
+
+
+@st.composite
+def evictable(draw: st.DrawFn, request: ResidentRequest, engine: EngineConfig, free: int) -> ResidentRequest:
+    """Often as it is; else a waiting request vLLM preempted, its own blocks still cached: some held by running
+    requests, the last ones somewhere in the free queue."""
+    if not draw(st.booleans()):
+        return request
+    cached_blocks = draw(st.integers(0, request.num_tokens // engine.block_size))
+    num_evictable = draw(st.integers(0, min(cached_blocks, free)))
+    ahead = draw(st.one_of(st.just(0), st.integers(0, free - num_evictable), st.just(free - num_evictable)))
+    return dataclasses.replace(request, cached_tokens=cached_blocks * engine.block_size,
+                               num_evictable_blocks=num_evictable, num_free_blocks_ahead=ahead if num_evictable else 0)
 
 
 queries = st.builds(Query, st.just("q"), st.one_of(tokens, tokens, tokens, st.integers(1, 13000)), st.integers(1, 500))

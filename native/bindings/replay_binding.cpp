@@ -15,11 +15,11 @@ namespace {
 using Int64Table = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
 
 // Column order of a resident table: one row per request.
-constexpr py::ssize_t kResidentColumns = 8;
+constexpr py::ssize_t kResidentColumns = 10;
 
 std::vector<bear::Resident> residents_from(const Int64Table& table) {
   if (table.ndim() != 2 || table.shape(1) != kResidentColumns) {
-    throw std::invalid_argument("resident table must have shape (n, 8)");
+    throw std::invalid_argument("resident table must have shape (n, 10)");
   }
   std::vector<bear::Resident> residents(static_cast<size_t>(table.shape(0)));
   auto rows = table.unchecked<2>();
@@ -33,6 +33,8 @@ std::vector<bear::Resident> residents_from(const Int64Table& table) {
     r.max_tokens = rows(i, 5);
     r.num_output_placeholders = rows(i, 6);
     r.cached_tokens = rows(i, 7);
+    r.num_evictable_blocks = rows(i, 8);
+    r.num_free_blocks_ahead = rows(i, 9);
   }
   return residents;
 }

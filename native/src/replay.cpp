@@ -27,8 +27,21 @@ const char* resident_problem(const Resident& r, const EngineConfig& cfg, bool wa
       r.num_output_placeholders < 0) {
     return "token and block counts must be non-negative";
   }
-  if (r.cached_tokens < 0 || r.cached_tokens > r.num_prompt_tokens) {
-    return "cached_tokens must be in [0, num_prompt_tokens]";
+  if (r.cached_tokens < 0 || r.cached_tokens > r.num_prompt_tokens + r.num_output_tokens) {
+    return "cached_tokens must be in [0, num_prompt_tokens + num_output_tokens]";
+  }
+  if (r.num_evictable_blocks != 0 || r.num_free_blocks_ahead != 0) {
+    if (!cfg.enable_prefix_caching) return "num_evictable_blocks and num_free_blocks_ahead need enable_prefix_caching";
+    if (!waiting) return "num_evictable_blocks and num_free_blocks_ahead are a waiting request's";
+    if (r.num_evictable_blocks < 0 || r.num_free_blocks_ahead < 0) {
+      return "num_evictable_blocks and num_free_blocks_ahead must be non-negative";
+    }
+    if (r.num_evictable_blocks > r.cached_tokens / cfg.block_size) {
+      return "num_evictable_blocks exceeds the blocks behind cached_tokens";
+    }
+    if (r.num_free_blocks_ahead > cfg.num_gpu_blocks - r.num_evictable_blocks) {
+      return "num_free_blocks_ahead + num_evictable_blocks exceed num_gpu_blocks";
+    }
   }
   if (r.remaining_output_tokens < 1) return "remaining_output_tokens must be >= 1";
   // A running request always has a token left to compute (the step that computes its last one samples the next).
@@ -72,6 +85,10 @@ void validate(const InstanceState& state) {
   require(state.free_blocks >= 0 && state.free_blocks <= cfg.num_gpu_blocks, "free_blocks out of range");
   require_consistent(state.running, cfg, false);
   require_consistent(state.waiting, cfg, true);
+  for (const Resident& r : state.waiting) {
+    require(r.num_free_blocks_ahead + r.num_evictable_blocks <= state.free_blocks,
+            "a waiting request's num_free_blocks_ahead + num_evictable_blocks exceed free_blocks");
+  }
   int64_t held = state.free_blocks - state.shared_blocks;
   int64_t shareable = 0;  // a shared block is a whole block of its holders' computed tokens
   for (const Resident& r : state.running) {
@@ -117,6 +134,8 @@ void validate(const Arrival& arrival, const EngineConfig& engine) {
   if (const char* problem = resident_problem(arrival.request, engine, true)) {
     throw std::invalid_argument(std::string("arrival: ") + problem);
   }
+  require(arrival.request.num_evictable_blocks == 0 && arrival.request.num_free_blocks_ahead == 0,
+          "arrival: an arrival has no blocks in the free queue (num_evictable_blocks, num_free_blocks_ahead)");
 }
 
 Result replay(const PreparedState& state, const Query& query, const BatchTimeCoefficients& coefficients,

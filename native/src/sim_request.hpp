@@ -45,6 +45,8 @@ inline detail::Request from_resident(const Resident& r, const EngineConfig& cfg,
                        cfg.max_model_len - r.num_prompt_tokens});
   q.blocks = r.num_allocated_blocks;
   q.cached = r.cached_tokens;
+  q.evictable = r.num_evictable_blocks;
+  q.free_ahead = r.num_free_blocks_ahead;
   // When the step in flight was scheduled, its output before was not in yet (async scheduling).
   const int64_t known = r.num_prompt_tokens + r.num_output_tokens -
                         (r.num_output_placeholders > 0 && r.num_output_tokens > 0 ? 1 : 0);

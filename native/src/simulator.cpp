@@ -42,6 +42,19 @@ Simulator::Simulator(const PreparedState& state, const Query& query, const Batch
   num_running_ = state.num_running;
   waiting_.reserve(reqs_.size());
   for (int32_t id = static_cast<int32_t>(num_residents) - 1; id >= state.num_running; --id) waiting_.push_back(id);
+  // Waiting requests whose own blocks are still cached resume from what is left of them, in the order those go.
+  for (int32_t id = state.num_running; id < static_cast<int32_t>(num_residents); ++id) {
+    Request& w = reqs_[id];
+    if (w.evictable == 0) continue;
+    w.resumable = true;
+    w.kept_hashed = w.cached / cfg_.block_size - w.evictable;
+    w.hashed_freed = w.evictable;
+    w.ahead = w.free_ahead;
+    w.cached = 0;
+    resumable_.push_back(id);
+  }
+  std::stable_sort(resumable_.begin(), resumable_.end(),
+                   [this](int32_t a, int32_t b) { return reqs_[a].ahead < reqs_[b].ahead; });
   sampled_.reserve(reqs_.size());
   if (cfg_.async_scheduling) last_end_ = origin_ = options.in_flight_s;  // the step executing when the state was taken
   // Requests become lazy after the first step: a query admitted at once never pays for the bookkeeping.

@@ -102,7 +102,9 @@ class Simulator {
   std::vector<int32_t> waiting_;                      // reversed: the head of the queue is back()
   LazyDecoders lazy_;
   int64_t free_blocks_;
-  std::vector<int32_t> resumable_;  // preempted here (prefix caching on) and waiting, in that order
+  // Waiting with own blocks in the free queue (prefix caching on), in the order those go: the state's, then those
+  // preempted here.
+  std::vector<int32_t> resumable_;
   int64_t shared_blocks_;
   int64_t watermark_blocks_;
   int64_t next_seq_ = 0;

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bear.core.case import CaseError, parse_case, result_to_json
+from bear.core.case import CaseError, case_to_json, parse_case, result_to_json
 from bear.core.replay import replay
 
 EXAMPLE: dict[str, Any] = {
@@ -55,6 +55,17 @@ def test_the_example_case_replays() -> None:
     json.dumps(result)
 
 
+def test_a_preempted_requests_own_blocks_still_cached_are_read_and_written_back() -> None:
+    document = _with("engine.enable_prefix_caching", True)
+    document["waiting"][0].update(num_output_tokens=20, cached_tokens=320, num_evictable_blocks=15,
+                                  num_free_blocks_ahead=7)
+    waiting = parse_case(document).state.waiting[0]
+    assert (waiting.cached_tokens, waiting.num_evictable_blocks, waiting.num_free_blocks_ahead) == (320, 15, 7)
+    written = case_to_json(parse_case(document))["waiting"][0]
+    assert {key: written[key] for key in ("cached_tokens", "num_evictable_blocks", "num_free_blocks_ahead")} == {
+        "cached_tokens": 320, "num_evictable_blocks": 15, "num_free_blocks_ahead": 7}
+
+
 def test_cached_tokens_of_requests_and_the_query_are_read_and_replayed() -> None:
     document = _with("waiting.0.cached_tokens", 288)
     document["query"]["cached_tokens"] = 640
@@ -93,7 +104,13 @@ def test_a_prefilling_request_keeps_its_computed_tokens() -> None:
         ("query.id", "b", "query.id 'b' is also a resident request's id"),
         ("query.output_tokens", 0, "query.output_tokens: must be >= 1"),
         ("query.cached_tokens", 701, "query.cached_tokens: 701 exceeds num_prompt_tokens (700)"),
-        ("waiting.0.cached_tokens", 301, "waiting[0].cached_tokens: 301 exceeds num_prompt_tokens (300)"),
+        ("waiting.0.cached_tokens", 301,
+         "waiting[0].cached_tokens: 301 exceeds num_prompt_tokens + num_output_tokens (300)"),
+        ("waiting.0.num_evictable_blocks", 2,
+         "waiting[0].num_evictable_blocks: only a waiting request's, with engine.enable_prefix_caching"),
+        ("running.0.num_free_blocks_ahead", 2,
+         "running[0].num_free_blocks_ahead: only a waiting request's, with engine.enable_prefix_caching"),
+        ("waiting.0.num_free_blocks_ahead", -1, "waiting[0].num_free_blocks_ahead: must be >= 0"),
         ("running.0.cached_tokens", -1, "running[0].cached_tokens: must be >= 0"),
         ("batch_time.b2", -1e-9, "batch_time.b2: must be >= 0"),
         ("horizon_s", 0, "horizon_s: must be > 0"),

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from bear.core.reference import ReferenceScheduler
 from bear.core.replay import ReplayEngine, Target, estimate, estimate_many, prepare
 from bear.core.state import Arrival, InstanceState, InvalidState, ResidentRequest
 from tests.builders import COEFFICIENTS, decoding, make_engine, make_query, make_state, queued, run, scheduled
@@ -135,19 +136,19 @@ def test_one_query_has_a_hit_of_its_own_on_each_instance() -> None:
     ("state", "options", "message"),
     [
         (make_state(waiting=[cached(queued("w", prompt=100), 101)]), {},
-         "waiting[0] (id 'w'): cached_tokens must be in [0, num_prompt_tokens]"),
+         "waiting[0] (id 'w'): cached_tokens must be in [0, num_prompt_tokens + num_output_tokens]"),
         (make_state(running=[cached(decoding("a"), -1)]), {},
-         "running[0] (id 'a'): cached_tokens must be in [0, num_prompt_tokens]"),
+         "running[0] (id 'a'): cached_tokens must be in [0, num_prompt_tokens + num_output_tokens]"),
         (make_state(), {"arrivals": [Arrival(0.0, cached(queued("x", prompt=10), 11))]},
-         "arrivals[0] (id 'x'): cached_tokens must be in [0, num_prompt_tokens]"),
+         "arrivals[0] (id 'x'): cached_tokens must be in [0, num_prompt_tokens + num_output_tokens]"),
         (make_state(), {"query_cached_tokens": 101},
          "query_cached_tokens must be in [0, query.num_prompt_tokens] (100), got 101"),
         (make_state(), {"query_cached_tokens": -1},
          "query_cached_tokens must be in [0, query.num_prompt_tokens] (100), got -1"),
     ],
-    ids=["waiting-above-prompt", "running-negative", "arrival-above-prompt", "query-above-prompt", "query-negative"],
+    ids=["waiting-above-its-tokens", "running-negative", "arrival-above-its-tokens", "query-above-prompt", "query-negative"],
 )
-def test_cached_tokens_beyond_the_prompt_are_refused(engine: ReplayEngine, state: InstanceState,
+def test_cached_tokens_beyond_the_request_are_refused(engine: ReplayEngine, state: InstanceState,
                                                      options: dict[str, object], message: str) -> None:
     with pytest.raises(InvalidState, match=re.escape(message)):
         run(state, make_query(prompt=100), engine, **options)
@@ -170,12 +171,102 @@ def test_the_native_core_refuses_them_too() -> None:
     engine = _native.EngineConfig()
     for field in dataclasses.fields(state.engine):
         setattr(engine, field.name, getattr(state.engine, field.name))
-    with pytest.raises(ValueError, match=re.escape("waiting[0]: cached_tokens must be in [0, num_prompt_tokens]")):
+    with pytest.raises(ValueError, match=re.escape("waiting[0]: cached_tokens must be in [0, num_prompt_tokens + num_output_tokens]")):
         _native.PreparedState(engine, state.free_blocks, _table(()), _table(state.waiting))
     prepared = _native.PreparedState(engine, state.free_blocks, _table(()), _table(()))
     replay_args = (_native_coefficients(COEFFICIENTS), float("inf"), False, True, 1000, 0.0, 0.0)
     with pytest.raises(ValueError, match=re.escape("query: cached_tokens must be in [0, num_prompt_tokens]")):
         _native.replay(prepared, _native.Query(100, 1, cached_tokens=101), *replay_args, [])
     arrivals = _native.arrivals(np.zeros(1), _table(state.waiting))
-    with pytest.raises(ValueError, match=re.escape("arrival: cached_tokens must be in [0, num_prompt_tokens]")):
+    with pytest.raises(ValueError, match=re.escape("arrival: cached_tokens must be in [0, num_prompt_tokens + num_output_tokens]")):
         _native.replay(prepared, _native.Query(100, 1), *replay_args, arrivals)
+
+
+def preempted_before(request: ResidentRequest, cached_blocks: int, evictable: int, ahead: int) -> ResidentRequest:
+    """A waiting request vLLM preempted before the state: `cached_blocks` of its blocks still cached, the last
+    `evictable` of them in the free queue behind `ahead` free blocks."""
+    return dataclasses.replace(request, cached_tokens=cached_blocks * 16, num_evictable_blocks=evictable,
+                               num_free_blocks_ahead=ahead)
+
+
+@pytest.mark.parametrize(
+    ("cached_blocks", "evictable", "ahead", "remaining", "resumed"),
+    [
+        (9, 9, 1, 4, 1),  # a's next block is the one ahead of b's: b finds all 9 (144 tokens)
+        (9, 9, 0, 4, 17),  # it is b's last: 8 left (128)
+        (9, 9, 1, 40, 33),  # a grows by two blocks more: b's last two go, 7 left (112)
+        (9, 5, 0, 40, 49),  # b's first 4 are held by a running request: of its 5 free ones 3 go, 6 left (96)
+        (0, 0, 0, 4, 145),  # nothing of b cached: from scratch
+    ],
+)
+def test_a_request_preempted_before_the_state_resumes_from_its_blocks_left(
+        engine: ReplayEngine, cached_blocks: int, evictable: int, ahead: int, remaining: int, resumed: int) -> None:
+    """b (144 + 1 tokens) waits, preempted by vLLM, until a finishes (the whole sequence must fit the free blocks);
+    every block a grows by comes from the front of the free queue, where b's cached blocks wait behind `ahead`."""
+    b = preempted_before(queued("b", prompt=144, output=1), cached_blocks, evictable, ahead)
+    state = make_state(running=[decoding("a", prompt=160, remaining=remaining)], waiting=[b],
+                       engine=make_engine(num_gpu_blocks=20, enable_prefix_caching=True))
+    assert state.free_blocks == 10
+    steps = scheduled(run(state, make_query(prompt=50), engine))
+    assert next(step for step in steps if "b" in step) == {"b": resumed, "q": 50}
+
+
+def test_requests_preempted_before_the_state_lose_blocks_in_their_order_in_the_queue(engine: ReplayEngine) -> None:
+    """c's blocks are ahead of b's (b is first in the waiting queue): a's next block is the one ahead of c's, and the
+    block b takes besides its 4 found again is c's last: c resumes from 3 (48 tokens), b from all of its own."""
+    b = preempted_before(queued("b", prompt=64, output=1), 4, 4, 6)
+    c = preempted_before(queued("c", prompt=64, output=1), 4, 4, 1)
+    state = make_state(running=[decoding("a", prompt=224, remaining=20)], waiting=[b, c],
+                       engine=make_engine(num_gpu_blocks=26, enable_prefix_caching=True))
+    assert state.free_blocks == 12
+    steps = scheduled(run(state, make_query(prompt=50), engine))
+    assert steps[0] == {"a": 1, "b": 1, "c": 65 - 3 * 16}
+
+
+def test_a_request_resuming_takes_out_blocks_only_of_those_behind_its_own(engine: ReplayEngine) -> None:
+    """c, first in the queue, has its blocks behind b's: taking them out of the free queue leaves b's where they
+    were, so the block c takes besides its own is still one ahead of b's, and b resumes from all of its own."""
+    b = preempted_before(queued("b", prompt=64, output=1), 4, 4, 3)
+    c = preempted_before(queued("c", prompt=64, output=1), 4, 4, 7)
+    state = make_state(running=[decoding("a", prompt=224, remaining=20)], waiting=[c, b],
+                       engine=make_engine(num_gpu_blocks=26, enable_prefix_caching=True))
+    assert scheduled(run(state, make_query(prompt=50), engine))[0] == {"a": 1, "c": 1, "b": 1}
+
+
+@pytest.mark.parametrize(
+    ("state", "arrivals", "message"),
+    [
+        (make_state(waiting=[preempted_before(queued("w", prompt=100), 4, 2, 0)]), [],
+         "waiting[0] (id 'w'): num_evictable_blocks and num_free_blocks_ahead need engine.enable_prefix_caching"),
+        (make_state(waiting=[preempted_before(queued("w", prompt=100), 2, 3, 0)],
+                    engine=make_engine(enable_prefix_caching=True)), [],
+         "waiting[0] (id 'w'): num_evictable_blocks exceeds the blocks behind cached_tokens"),
+        (make_state(waiting=[preempted_before(queued("w", prompt=100), 4, 4, 997)],
+                    engine=make_engine(enable_prefix_caching=True)), [],
+         "waiting[0] (id 'w'): num_free_blocks_ahead + num_evictable_blocks exceed engine.num_gpu_blocks"),
+        (make_state(waiting=[preempted_before(queued("w", prompt=100), 4, 4, 96)], free_blocks=99,
+                    engine=make_engine(enable_prefix_caching=True)), [],
+         "waiting[0] (id 'w'): num_free_blocks_ahead + num_evictable_blocks exceed free_blocks (99)"),
+        (make_state(engine=make_engine(enable_prefix_caching=True)),
+         [Arrival(0.0, preempted_before(queued("x", prompt=100), 4, 4, 0))],
+         "arrivals[0] (id 'x'): an arrival has no blocks in the free queue"),
+    ],
+    ids=["no-prefix-caching", "more-than-cached", "beyond-the-cache", "beyond-the-free-blocks", "arrival"],
+)
+def test_inconsistent_cached_blocks_are_refused(engine: ReplayEngine, state: InstanceState,
+                                                arrivals: list[Arrival], message: str) -> None:
+    with pytest.raises(InvalidState, match=re.escape(message)):
+        run(state, make_query(prompt=100), engine, arrivals=arrivals)
+
+
+def test_the_reference_states_what_is_left_of_a_preempted_requests_blocks() -> None:
+    """ReferenceScheduler.state() after a step: b's blocks as the step left them, a state the replay takes again."""
+    b = preempted_before(queued("b", prompt=144, output=1), 9, 9, 0)
+    state = make_state(running=[decoding("a", prompt=160, remaining=40)], waiting=[b],
+                       engine=make_engine(num_gpu_blocks=20, enable_prefix_caching=True))
+    scheduler = ReferenceScheduler(state)
+    scheduler.step()  # a takes a block from the front: b's last
+    after = scheduler.state().waiting[0]
+    assert (after.cached_tokens, after.num_evictable_blocks, after.num_free_blocks_ahead) == (128, 8, 0)
+    assert scheduler.state().free_blocks == 9
+    prepare(scheduler.state())

@@ -41,7 +41,11 @@ struct Resident {
   int64_t num_allocated_blocks = 0;
   int64_t max_tokens = 0;               // <= 0: max_model_len - num_prompt_tokens, as vLLM sets it
   int64_t num_output_placeholders = 0;  // async: tokens the step in flight appends to the output
-  int64_t cached_tokens = 0;            // prompt tokens the prefix cache holds whenever it is admitted from WAITING
+  int64_t cached_tokens = 0;            // prefix tokens the prefix cache holds whenever it is admitted from WAITING
+  // A waiting request's own blocks still cached (prefix caching on): the last num_evictable_blocks of those behind
+  // cached_tokens sit in the free queue, num_free_blocks_ahead free blocks before the first of them to go.
+  int64_t num_evictable_blocks = 0;
+  int64_t num_free_blocks_ahead = 0;
 };
 
 struct InstanceState {
@@ -63,6 +67,7 @@ struct Request {
   int64_t target = 0;  // output length at which the request stops
   int64_t max_tokens = 0, blocks = 0;
   int64_t cached = 0;  // Resident::cached_tokens
+  int64_t evictable = 0, free_ahead = 0;  // Resident::num_evictable_blocks, num_free_blocks_ahead
   int64_t hashed = 0;  // full blocks vLLM has cached for it (prefix caching): as its latest scheduling found its tokens
   Where where = Where::kWaiting;
 };
