@@ -62,9 +62,15 @@ def engine_to_proto(engine: EngineFields) -> snapshot_pb2.EngineConfig:
 
 
 def state_from_snapshot(snapshot: snapshot_pb2.InstanceSnapshot, remaining: RemainingTokens) -> InstanceState:
-    """The replay's starting state: the snapshot's requests with a predicted remaining length each."""
+    """The replay's starting state: the snapshot's requests with a predicted remaining length each, and, on an
+    engine with prefix caching, what its cache holds of those it reports it for (preempted requests waiting)."""
+    prefix_caching = snapshot.engine.enable_prefix_caching
 
     def resident(message: snapshot_pb2.RequestState) -> ResidentRequest:
+        cached = {}
+        if prefix_caching and message.HasField("num_cached_tokens"):
+            cached = {"cached_tokens": message.num_cached_tokens, "num_evictable_blocks": message.num_evictable_blocks,
+                      "num_free_blocks_ahead": message.num_free_blocks_ahead}
         return ResidentRequest(
             id=message.request_id,
             num_prompt_tokens=message.num_prompt_tokens,
@@ -74,6 +80,7 @@ def state_from_snapshot(snapshot: snapshot_pb2.InstanceSnapshot, remaining: Rema
             num_allocated_blocks=message.num_allocated_blocks,
             max_tokens=message.max_tokens or None,
             num_output_placeholders=message.num_output_placeholders,
+            **cached,
         )
 
     running = tuple(resident(r) for r in snapshot.running)

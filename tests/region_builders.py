@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bear.snapshotter.region import Capacities, EngineSettings
-from bear.snapshotter.writer import RegionWriter
+from bear.snapshotter.writer import CachedPrefixes, RegionWriter
 
 ENGINE = EngineSettings(max_num_batched_tokens=2048, max_num_seqs=8, block_size=16, num_gpu_blocks=999,
                         long_prefill_token_threshold=0, max_model_len=4096, watermark=0.01,
@@ -59,10 +59,11 @@ class FakeEngine:
             self.blocks[request.request_id] = [0] * -(-request.num_computed_tokens // self.block_size)
 
     def write_state(self, running: Sequence[FakeRequest], waiting: Sequence[FakeRequest] = (),
-                    num_free_blocks: int = 900, written_at_s: float = 1.8e9) -> None:
+                    num_free_blocks: int = 900, written_at_s: float = 1.8e9,
+                    cached_prefixes: CachedPrefixes | None = None) -> None:
         self.add(*running, *waiting)
         self.writer.beat(time.time())  # the plugin's heartbeat thread, in short
-        self.writer.write_state(running, (waiting,), self.blocks, num_free_blocks, written_at_s)
+        self.writer.write_state(running, (waiting,), self.blocks, num_free_blocks, written_at_s, cached_prefixes)
 
     def schedule(self, scheduled: dict[str, int], from_state: int = 0, at_s: float = 1.8e9,
                  started_at_s: float | None = None) -> int:

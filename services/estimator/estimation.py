@@ -14,6 +14,8 @@ what they have generated (`RemainingTokens`). A missing or too old snapshot fall
 On an engine with prefix caching (its snapshot says), the query, the requests dispatched since the snapshot and the
 snapshot's waiting requests are admitted with the part of their prompt the instance's prefix cache likely holds
 (`PrefixIndex`, fed by the prompts routed there: the router names each prompt's prefix blocks), and prefill the rest.
+A waiting request the engine preempted comes with what the engine's own prefix cache holds of it (its snapshot
+reports its hit and where its blocks sit in the free queue): those figures replace the guess.
 
 An instance whose sidecar has no eq. 12 fit yet (a new replica, a replaced pod: its engine has executed too few
 steps) is replayed with the coefficients of a calibrated peer — the same model on an engine of the same settings and
@@ -235,8 +237,9 @@ class Estimator:
         self._forget_admitted_prefixes(instance, snapshot.running)
         state = state_from_snapshot(snapshot, lambda r: lengths[r.request_id])
         if snapshot.engine.enable_prefix_caching:
-            state = dataclasses.replace(state, waiting=tuple(self._with_cache_hit(instance, snapshot.engine, r)
-                                                             for r in state.waiting))
+            state = dataclasses.replace(state, waiting=tuple(
+                r if m.HasField("num_cached_tokens") else self._with_cache_hit(instance, snapshot.engine, r)
+                for r, m in zip(state.waiting, snapshot.waiting, strict=True)))
         prepared = prepare(state)
         instance.snapshot, instance.prepared = snapshot, prepared
         instance.prefill_backlog_tokens = remaining_prefill_tokens(prepared.state)
@@ -350,7 +353,8 @@ class Estimator:
 
     def _with_cache_hit(self, instance: _Instance, engine: snapshot_pb2.EngineConfig,
                         request: ResidentRequest) -> ResidentRequest:
-        """A waiting resident with the part of its prompt the prefix cache likely holds when it is admitted."""
+        """A waiting resident the engine reports no hit for, with the part of its prompt the prefix cache likely
+        holds when it is admitted, as the instance's account of routed prefixes has it."""
         dispatch = instance.dispatches.by_id.get(self._request_key(request.id))
         if dispatch is None or not dispatch.prefix_hashes:
             return request

@@ -14,8 +14,8 @@ import struct
 import time
 from dataclasses import dataclass
 
-from bear.snapshotter.region import (ENGINE, ENGINE_OFFSET, HEADER, NO_SLOT, RECORD_ENTRIES_INCOMPLETE, RECORD_HEAD,
-                                     ROW, SLOT_HEAD, SLOT_ID_TRUNCATED, SLOTS_OFFSET, STATE,
+from bear.snapshotter.region import (ENGINE, ENGINE_OFFSET, HEADER, NO_SLOT, NOT_REPORTED, RECORD_ENTRIES_INCOMPLETE,
+                                     RECORD_HEAD, SLOT_HEAD, SLOT_ID_TRUNCATED, SLOTS_OFFSET, STATE,
                                      STATE_OFFSET, STATE_SLOTS_EXHAUSTED, STATE_TRUNCATED, STATE_VALID,
                                      EngineSettings, Layout, RegionError, alive_at_view, counter_view,
                                      open_region)
@@ -38,6 +38,12 @@ class RequestRecord:
     num_output_placeholders: int
     num_preemptions: int
     id_truncated: bool = False
+    # A preempted request waiting to resume, prefix caching on (`cached_blocks`): its prefix tokens the cache holds,
+    # how many of those blocks are in the free queue and how many free blocks precede the first of them. None: not
+    # reported (other requests, engines without prefix caching, version-1 regions).
+    num_cached_tokens: int | None = None
+    num_evictable_blocks: int | None = None
+    num_free_blocks_ahead: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +191,7 @@ class RegionReader:
         _, _, _, _, num_running_rows, num_waiting_rows, num_slots_used, _, _, num_scheduled, num_processed, *_ = (
             STATE.unpack_from(fixed, STATE_OFFSET - ENGINE_OFFSET))
         num_rows = min(num_running_rows + num_waiting_rows, layout.capacities.max_rows)
-        rows = mapping[layout.rows_offset:layout.rows_offset + num_rows * ROW.size]
+        rows = mapping[layout.rows_offset:layout.rows_offset + num_rows * layout.row.size]
         num_slots = min(num_slots_used, layout.capacities.max_slots)
         slots = mapping[SLOTS_OFFSET:SLOTS_OFFSET + num_slots * layout.slot_size]
         first = max(min(self._next_executed, num_processed), num_scheduled - layout.capacities.num_ring_steps, 0)
@@ -206,7 +212,7 @@ class RegionReader:
             fixed, STATE_OFFSET - ENGINE_OFFSET)
         slot_table = _SlotTable(slots, layout.slot_size)
         valid = bool(flags & STATE_VALID)
-        residents = [slot_table.resident(row) for row in ROW.iter_unpack(rows)] if valid else []
+        residents = [slot_table.resident(row) for row in layout.row.iter_unpack(rows)] if valid else []
         steps = [_step(record, index, slot_table, layout) for index, record in enumerate(records, start=first)]
         steps = [step for step in steps if step is not None]
         executed = tuple(s for s in steps if s.step_index < num_processed and s.step_index >= self._next_executed)
@@ -261,13 +267,15 @@ class _SlotTable:
         return decoded
 
     def resident(self, row: tuple[int, ...]) -> RequestRecord:
-        slot, computed, outputs, blocks, placeholders, preemptions = row
+        """A row of either version: 9 fields, or version 1's first 6."""
+        slot, computed, outputs, blocks, placeholders, preemptions, *cached_prefix = row
         fixed = self.get(slot)
         if fixed is None:
             raise RegionError(f"a row names slot {slot}, which the region does not hold")
         request_id, num_prompt_tokens, max_tokens, arrival_time_s, id_truncated = fixed
+        cached, evictable, ahead = cached_prefix if cached_prefix and cached_prefix[0] != NOT_REPORTED else (None,) * 3
         return RequestRecord(request_id, num_prompt_tokens, max_tokens, arrival_time_s, computed, outputs, blocks,
-                             placeholders, preemptions, id_truncated)
+                             placeholders, preemptions, id_truncated, cached, evictable, ahead)
 
 
 def _engine(fixed: bytes) -> EngineSettings:
@@ -286,7 +294,7 @@ def _step(record: bytes, step_index: int, slot_table: _SlotTable, layout: Layout
         return None
     scheduled = struct.unpack_from(f"<{num_entries}I", record, RECORD_HEAD.size)
     first_row = layout.entry_rows_offset(0)
-    rows = ROW.iter_unpack(record[first_row:first_row + num_entries * ROW.size])
+    rows = layout.row.iter_unpack(record[first_row:first_row + num_entries * layout.row.size])
     entries = []
     complete = not record_flags & RECORD_ENTRIES_INCOMPLETE
     for num_scheduled_tokens, (slot, num_computed_tokens, *_) in zip(scheduled, rows):

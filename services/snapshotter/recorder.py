@@ -21,6 +21,7 @@ The recorder reads the scheduler through attributes of vLLM 0.32/0.33's `Schedul
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -28,6 +29,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from bear.snapshotter.cached_blocks import evictable_prefixes
 from bear.snapshotter.config import PluginConfig
 from bear.snapshotter.region import Capacities, EngineSettings, region_path
 from bear.snapshotter.writer import RegionWriter
@@ -72,6 +74,9 @@ class SnapshotRecorder:
         # one of a plain attention model).
         self._blocks = scheduler.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
         self._num_free_blocks = scheduler.kv_cache_manager.block_pool.get_num_free_blocks
+        # Prefix caching on: what the cache still holds of each preempted request waiting to resume.
+        self._cached_prefixes = (functools.partial(evictable_prefixes, scheduler.kv_cache_manager)
+                                 if engine.enable_prefix_caching else None)
         self._in_flight: deque[_InFlightStep] = deque()
         self._done_mono_s = 0.0
         self._done_wall_s = 0.0
@@ -165,7 +170,7 @@ class SnapshotRecorder:
     def _write_state(self) -> None:
         scheduler = self._scheduler
         self._writer.write_state(scheduler.running, (scheduler.kv_holding_waiting, scheduler.waiting), self._blocks,
-                                 self._num_free_blocks(), time.time())
+                                 self._num_free_blocks(), time.time(), self._cached_prefixes)
 
     def _pop_in_flight(self, output: Any) -> _InFlightStep | None:
         """The in-flight step of `output` (normally the oldest); steps before it lost their outputs and are dropped."""

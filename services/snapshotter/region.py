@@ -1,6 +1,7 @@
 """The snapshot region: one shared-memory file per engine, written by the plugin, read by the sidecar.
 
-Binary format, version 1. Integers are little-endian and unsigned; times are float64 Unix seconds; offsets are in bytes.
+Binary format, version 2 (readers also read version 1: see ROWS). Integers are little-endian and unsigned; times are
+float64 Unix seconds; offsets are in bytes.
 
     HEADER    at 0, 64 bytes, written once when the region is created (the sequence counter excepted)
       magic "BEAR", version u16, header_size u16, sequence u64 (at offset 8), region_size u64,
@@ -21,8 +22,14 @@ Binary format, version 1. Integers are little-endian and unsigned; times are flo
     SLOTS     at 320, max_slots × slot_size: one slot per request id, written once when the request is first seen
       id_len u16, slot_flags u16 (SLOT_*), num_prompt_tokens u32, max_tokens u32, 4 padding bytes,
       arrival_time_s f64, id bytes[max_id_bytes]
-    ROWS      max_rows × 24: RUNNING requests in admission order, then WAITING requests in queue order
-      slot, num_computed_tokens, num_output_tokens, num_allocated_blocks, num_output_placeholders, num_preemptions
+    ROWS      max_rows × 36: RUNNING requests in admission order, then WAITING requests in queue order
+      slot, num_computed_tokens, num_output_tokens, num_allocated_blocks, num_output_placeholders, num_preemptions,
+      num_cached_tokens, num_evictable_blocks, num_free_blocks_ahead (u32 each). The last three are vLLM's prefix
+      cache as a preempted request waiting to resume finds it (`cached_blocks`): its prefix tokens in cached blocks,
+      how many of those blocks sit in the free queue, and how many free blocks are ahead of the first of them.
+      Written only for WAITING requests with num_preemptions > 0 and no computed tokens on an engine with prefix
+      caching; elsewhere num_cached_tokens is NOT_REPORTED (0xFFFFFFFF) and the other two 0. Version 1 rows are
+      24 bytes, the first six fields only (nothing reported).
     RING      num_ring_steps × record_size: step i (counting the engine's non-empty steps from 0) lives in record
               i mod num_ring_steps, written when the step is scheduled and completed when its output is processed
       step_index u64, scheduled_at_s f64, execution_started_at_s f64 (0 while it waits behind another step in
@@ -52,7 +59,8 @@ import time
 from dataclasses import dataclass
 
 MAGIC = b"BEAR"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1: rows without the cached-prefix fields
 
 HEADER = struct.Struct("<4sHHQQIIIIIIdd")
 SEQUENCE = struct.Struct("<Q")
@@ -64,7 +72,10 @@ STATE = struct.Struct("<7I4xdQQQQQ")
 STATE_SLOTS_USED_OFFSET = 24  # inside STATE: num_slots_used
 STATE_STEPS_OFFSET = 48  # inside STATE: num_scheduled_steps, num_processed_steps
 SLOT_HEAD = struct.Struct("<HHII4xd")
-ROW = struct.Struct("<6I")
+ROW = struct.Struct("<9I")
+ROW_V1 = struct.Struct("<6I")
+ROW_CACHED_PREFIX = struct.Struct("<3I")  # the last three fields of a ROW
+ROW_CACHED_PREFIX_OFFSET = 24  # inside a ROW: num_cached_tokens
 RECORD_HEAD = struct.Struct("<QdddII")
 U32 = struct.Struct("<I")
 
@@ -73,6 +84,7 @@ STATE_OFFSET = ENGINE_OFFSET + ENGINE.size
 SLOTS_OFFSET = STATE_OFFSET + STATE.size
 
 NO_SLOT = 0xFFFF_FFFF
+NOT_REPORTED = 0xFFFF_FFFF  # a ROW's num_cached_tokens when the figures are not reported
 
 # STATE.flags
 STATE_VALID = 1  # the rows hold a complete state (cleared when a write failed half-way)
@@ -136,15 +148,17 @@ class Layout:
     ring_offset: int
     record_size: int
     size: int
+    row: struct.Struct = ROW  # the row format of the region's version (ROW_V1 for version 1)
 
     @staticmethod
-    def of(capacities: Capacities) -> Layout:
+    def of(capacities: Capacities, version: int = VERSION) -> Layout:
+        row = ROW_V1 if version == 1 else ROW
         slot_size = _align8(SLOT_HEAD.size + capacities.max_id_bytes)
         rows_offset = SLOTS_OFFSET + capacities.max_slots * slot_size
-        ring_offset = _align8(rows_offset + capacities.max_rows * ROW.size)
-        record_size = _align8(RECORD_HEAD.size + (4 + ROW.size) * capacities.max_step_entries)
+        ring_offset = _align8(rows_offset + capacities.max_rows * row.size)
+        record_size = _align8(RECORD_HEAD.size + (4 + row.size) * capacities.max_step_entries)
         size = ring_offset + capacities.num_ring_steps * record_size
-        return Layout(capacities, slot_size, rows_offset, ring_offset, record_size, size)
+        return Layout(capacities, slot_size, rows_offset, ring_offset, record_size, size, row)
 
     def slot_offset(self, slot: int) -> int:
         return SLOTS_OFFSET + slot * self.slot_size
@@ -208,10 +222,11 @@ def open_region(path: str) -> tuple[mmap.mmap, Layout, int]:
         os.close(fd)
     magic, version, header_size, _, size, max_id_bytes, max_slots, max_rows, max_entries, num_ring_steps, *_ = (
         HEADER.unpack_from(mapping, 0))
-    if magic != MAGIC or version != VERSION or header_size != HEADER.size:
+    if magic != MAGIC or version not in READABLE_VERSIONS or header_size != HEADER.size:
         mapping.close()
-        raise RegionError(f"{path}: not a version {VERSION} snapshot region (magic {magic!r}, version {version})")
-    layout = Layout.of(Capacities(max_rows, max_entries, num_ring_steps, max_slots, max_id_bytes))
+        raise RegionError(f"{path}: not a snapshot region of version {' or '.join(map(str, READABLE_VERSIONS))} "
+                          f"(magic {magic!r}, version {version})")
+    layout = Layout.of(Capacities(max_rows, max_entries, num_ring_steps, max_slots, max_id_bytes), version)
     if layout.size != size or size > stat.st_size:
         mapping.close()
         raise RegionError(f"{path}: header says {size} bytes, layout needs {layout.size}, file has {stat.st_size}")

@@ -13,7 +13,8 @@ from bear.v1 import calibration_pb2, snapshot_pb2
 
 
 def request_to_proto(request: RequestRecord) -> snapshot_pb2.RequestState:
-    return snapshot_pb2.RequestState(
+    """The request's counts; its cached prefix only if the plugin reported one (unset fields: not reported)."""
+    message = snapshot_pb2.RequestState(
         request_id=request.request_id,
         num_prompt_tokens=request.num_prompt_tokens,
         num_computed_tokens=request.num_computed_tokens,
@@ -24,6 +25,11 @@ def request_to_proto(request: RequestRecord) -> snapshot_pb2.RequestState:
         num_preemptions=request.num_preemptions,
         arrival_time_s=request.arrival_time_s,
     )
+    if request.num_cached_tokens is not None:
+        message.num_cached_tokens = request.num_cached_tokens
+        message.num_evictable_blocks = request.num_evictable_blocks or 0
+        message.num_free_blocks_ahead = request.num_free_blocks_ahead or 0
+    return message
 
 
 def entry_to_proto(entry: StepEntryRecord) -> calibration_pb2.BatchEntry:

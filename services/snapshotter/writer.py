@@ -21,8 +21,9 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence, S
 from itertools import chain, islice
 from typing import Protocol
 
-from bear.snapshotter.region import (ENGINE, ENGINE_OFFSET, MAX_MODEL_NAME_BYTES, NO_SLOT, RECORD_ENTRIES_INCOMPLETE,
-                                     RECORD_HEAD, ROW, SLOT_HEAD, SLOT_ID_TRUNCATED, STATE, STATE_OFFSET,
+from bear.snapshotter.region import (ENGINE, ENGINE_OFFSET, MAX_MODEL_NAME_BYTES, NO_SLOT, NOT_REPORTED,
+                                     RECORD_ENTRIES_INCOMPLETE, RECORD_HEAD, ROW, ROW_CACHED_PREFIX,
+                                     ROW_CACHED_PREFIX_OFFSET, SLOT_HEAD, SLOT_ID_TRUNCATED, STATE, STATE_OFFSET,
                                      STATE_SLOTS_EXHAUSTED, STATE_SLOTS_USED_OFFSET, STATE_STEPS_OFFSET,
                                      STATE_TRUNCATED, STATE_VALID, U32, Capacities, EngineSettings, alive_at_view,
                                      counter_view, create_region)
@@ -33,6 +34,10 @@ _F64 = struct.Struct("<d")
 _EXECUTION_STARTED_AT = 16
 _DURATION = 24
 _NO_BLOCKS: tuple[()] = ()
+
+# A preempted waiting request's (cached_tokens, num_evictable_blocks, num_free_blocks_ahead), for several requests at
+# once (`cached_blocks.evictable_prefixes` bound to the engine's KV cache manager).
+CachedPrefixes = Callable[[Sequence["RequestLike"]], Sequence[tuple[int, int, int]]]
 
 
 @functools.lru_cache(maxsize=None)  # one per entry count, at most max_step_entries
@@ -159,9 +164,12 @@ class RegionWriter:
         self._map[offset:offset + len(encoded)] = encoded
 
     def write_state(self, running: Sequence[RequestLike], waiting: Sequence[Collection[RequestLike]],
-                    blocks: Mapping[str, Sized], num_free_blocks: int, written_at_s: float) -> None:
+                    blocks: Mapping[str, Sized], num_free_blocks: int, written_at_s: float,
+                    cached_prefixes: CachedPrefixes | None = None) -> None:
         """Writes the scheduler state: rows for the running requests, then the waiting queues drained in the order
-        given, as many as fit. The state precedes step `num_scheduled_steps` (its next_step_index)."""
+        given, as many as fit. The state precedes step `num_scheduled_steps` (its next_step_index). With
+        `cached_prefixes` (prefix caching on), waiting requests preempted and not resumed report what the cache holds
+        of them."""
         mapping = self._map
         self.num_running_rows = self._slot_flags = 0
         self._begin()
@@ -172,7 +180,8 @@ class RegionWriter:
             num_waiting = sum(len(queue) for queue in waiting)
             num_waiting_rows = 0
             if num_running_rows == len(running):
-                num_waiting_rows = self._write_rows(chain.from_iterable(waiting), num_running_rows, capacity, blocks)
+                num_waiting_rows = self._write_rows(chain.from_iterable(waiting), num_running_rows, capacity, blocks,
+                                                    cached_prefixes)
             flags = STATE_VALID | self._slot_flags
             if num_running_rows < len(running) or num_waiting_rows < num_waiting:
                 flags |= STATE_TRUNCATED
@@ -214,7 +223,7 @@ class RegionWriter:
             for request_id in islice(num_scheduled_tokens, start, count):
                 slot = slots[request_id]
                 complete = complete and slot != NO_SLOT
-                pack(mapping, offset, slot, num_computed_tokens[request_id], 0, 0, 0, 0)
+                pack(mapping, offset, slot, num_computed_tokens[request_id], 0, 0, 0, 0, NOT_REPORTED, 0, 0)
                 offset += ROW.size
             RECORD_HEAD.pack_into(mapping, record, step_index, scheduled_at_s, execution_started_at_s, 0.0, count,
                                   0 if complete else RECORD_ENTRIES_INCOMPLETE)
@@ -244,17 +253,20 @@ class RegionWriter:
             self._end()
 
     def _write_rows(self, requests: Iterable[RequestLike], first_row: int, capacity: int,
-                    blocks: Mapping[str, Sized]) -> int:
+                    blocks: Mapping[str, Sized], cached_prefixes: CachedPrefixes | None = None) -> int:
         """Writes rows from `first_row` on, stopping at capacity or at a request without a slot; returns how many.
         Invariant: the rows written so far name, in order, the first requests.
 
         The hot loop of the plugin (one row per resident per step): locals only, one pack per row, and the output
         count read as `len(request._output_token_ids)` (what vLLM's `num_output_tokens` property returns, without the
-        property call). Placeholders exist only under async scheduling; elsewhere they are 0 and not read."""
+        property call). Placeholders exist only under async scheduling; elsewhere they are 0 and not read. Rows are
+        written with their cached prefix not reported; with `cached_prefixes`, those of preempted requests without
+        computed tokens are then filled in with one call for all of them (rare: preemptions mean memory pressure)."""
         mapping, pack, get_slot, get_blocks = self._map, ROW.pack_into, self.slots.get, blocks.get
-        with_placeholders = self.with_placeholders
+        with_placeholders, with_prefixes = self.with_placeholders, cached_prefixes is not None
         offset = self.layout.rows_offset + first_row * ROW.size
         written = 0
+        preempted: list[tuple[int, RequestLike]] = []
         for request in islice(requests, capacity - first_row):
             request_id = request.request_id
             slot = get_slot(request_id)
@@ -263,11 +275,18 @@ class RegionWriter:
                 if slot == NO_SLOT:
                     self._slot_flags |= STATE_SLOTS_EXHAUSTED
                     break
+            num_preemptions = request.num_preemptions
             pack(mapping, offset, slot, request.num_computed_tokens, len(request._output_token_ids),
                  len(get_blocks(request_id, _NO_BLOCKS)),
-                 request.num_output_placeholders if with_placeholders else 0, request.num_preemptions)
+                 request.num_output_placeholders if with_placeholders else 0, num_preemptions, NOT_REPORTED, 0, 0)
+            if with_prefixes and num_preemptions and not request.num_computed_tokens:
+                preempted.append((offset, request))
             offset += ROW.size
             written += 1
+        if preempted and cached_prefixes is not None:
+            pack_prefix = ROW_CACHED_PREFIX.pack_into
+            for (row_offset, _), figures in zip(preempted, cached_prefixes([r for _, r in preempted]), strict=True):
+                pack_prefix(mapping, row_offset + ROW_CACHED_PREFIX_OFFSET, *figures)
         return written
 
     def close(self) -> None:

@@ -7,7 +7,9 @@ the query's first token. `make test` sets BEAR_VLLM_PYTHON; without it these tes
 `vllm_prefix_driver.py` does the same with prefix caching on and prompts sharing prefixes: each waiting request's and
 the query's `cached_tokens` is what vLLM's block pool holds of its prompt at the snapshot (the oracle an estimator
 approximates). `vllm_driver.py --prefix-caching` runs its random workloads (no prompt shares a block with another)
-with prefix caching on: what the cache changes there is where a preempted request resumes.
+with prefix caching on: what the cache changes there is where a preempted request resumes. For a request vLLM
+preempted before the snapshot, the case says what the block pool still holds of it and where in the free queue
+(`cached_tokens`, `num_evictable_blocks`, `num_free_blocks_ahead`, as the snapshot plugin reports them).
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ PREFIX_DRIVER = Path(__file__).with_name("vllm_prefix_driver.py")
 NUM_CASES = int(os.environ.get("BEAR_CONFORMANCE_CASES", "400"))
 NUM_PREFIX_CASES = int(os.environ.get("BEAR_CONFORMANCE_PREFIX_CASES", "80"))
 NUM_CACHING_CASES = int(os.environ.get("BEAR_CONFORMANCE_CACHING_CASES", "160"))
-# A request vLLM preempted before the snapshot resumes from its blocks still cached, which no snapshot says.
+# A request vLLM preempted before the snapshot resumes from its blocks still cached: the case says which and where
+# they are in the free queue, but not in what order each of them goes (the replay takes them as contiguous).
 PREEMPTED_BEFORE = ("waiting_preempted", "waiting_folded")
 SEED = int(os.environ.get("BEAR_CONFORMANCE_SEED", "1"))
 
@@ -136,15 +139,23 @@ def test_where_memory_binds_on_blocks_a_running_request_holds_the_replay_admits_
 def test_with_prefix_caching_a_preempted_request_resumes_where_vllm_resumes_it(
         vllm_caching_cases: list[dict[str, Any]], engine: ReplayEngine) -> None:
     """Preempted during the replay, a request resumes from its own blocks vLLM has not evicted yet (its free queue's
-    order: full blocks to the back, the rest to the front, new blocks from the front). Batch for batch in every case
-    but those with a request vLLM preempted before the snapshot (its cached blocks are not in the case)."""
-    known = [r for r in vllm_caching_cases if not any(kind in r["meta"]["kinds"] for kind in PREEMPTED_BEFORE)]
+    order: full blocks to the back, the rest to the front, new blocks from the front): batch for batch in every case.
+    Preempted before the snapshot, it resumes from what the case says vLLM still holds of it, less what the replay
+    evicts: batch for batch in >= 90% of those cases (seeds 1, 11 and 12, 300 cases each: 195 of 198; before the
+    case said so, about 1 in 3)."""
+    before = [r for r in vllm_caching_cases if any(kind in r["meta"]["kinds"] for kind in PREEMPTED_BEFORE)]
+    known = [r for r in vllm_caching_cases if r not in before]
     preempting = [r for r in known if r["meta"]["num_preemptions_during"] > 0]
     assert len(preempting) >= len(vllm_caching_cases) // 10, len(preempting)
+    with_blocks = [r for r in before if any(w.get("num_evictable_blocks") for w in r["case"]["waiting"])]
+    assert len(with_blocks) >= len(vllm_caching_cases) // 10, len(with_blocks)
     mismatches = [m for m in (_mismatch(record, engine) for record in known) if m]
+    mismatches_before = [m for m in (_mismatch(record, engine) for record in before) if m]
     print(f"\n{engine.value}: {len(known) - len(mismatches)}/{len(known)} cases identical to vLLM with prefix caching "
-          f"({len(preempting)} preempting; {len(vllm_caching_cases) - len(known)} with a request preempted before)")
+          f"({len(preempting)} preempting); with a request preempted before the snapshot "
+          f"{len(before) - len(mismatches_before)}/{len(before)}")
     assert not mismatches, "\n".join(mismatches[:10])
+    assert len(mismatches_before) <= len(before) // 10, "\n".join(mismatches_before[:10])
 
 
 def test_the_prefix_cases_exercise_every_kind_of_hit(vllm_prefix_cases: list[dict[str, Any]]) -> None:

@@ -15,7 +15,8 @@ scheduler_reserve_full_isl, max_model_len, sync or async scheduling) builds vLLM
 token, the stop token when it is the request's hidden last output token. Requests
 (distinct token ids; prefix caching off, or on with --prefix-caching: then no prompt shares a
 block with another, and what the cache changes is that a preempted request resumes from its
-own blocks not evicted yet) arrive over the first steps. The engine loop
+own blocks not evicted yet; a request preempted before the snapshot carries what the cache
+still holds of it, as the snapshot plugin reports it) arrive over the first steps. The engine loop
 is EngineCore's: sync = schedule(); update_from_output(), async = `step_with_batch_queue`
 with two batches in flight (schedule step k+1, then process step k's output).
 
@@ -53,6 +54,8 @@ from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 from vllm.utils.hashing import get_hash_fn_by_name  # noqa: E402
+
+from bear.snapshotter.cached_blocks import evictable_prefix  # noqa: E402
 
 STOP, TOKEN, VOCAB = 1, 2, 32000
 MAX_STEPS = 20000
@@ -213,6 +216,10 @@ def case_request(eng, req, running, is_async):
     else:
         assert c == 0 and blocks == 0 and req.status in (
             RequestStatus.WAITING, RequestStatus.PREEMPTED), rid
+        if eng.hasher is not None and req.num_preemptions:  # what the cache still holds of it, as the plugin says
+            cached, evictable, ahead = evictable_prefix(sched.kv_cache_manager, req)
+            d.update({"cached_tokens": cached} if cached else {})
+            d.update({"num_evictable_blocks": evictable, "num_free_blocks_ahead": ahead} if evictable else {})
     d["max_tokens"] = max_tokens
     if running and is_async:
         d["num_output_placeholders"] = h

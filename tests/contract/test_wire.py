@@ -56,6 +56,22 @@ def test_a_snapshot_becomes_a_replayable_state() -> None:
     assert replay(state, make_query(), COEFFICIENTS).feasible
 
 
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_what_the_engines_cache_holds_of_a_preempted_request_is_taken_on_engines_that_cache(
+        prefix_caching: bool) -> None:
+    snapshot = _snapshot()
+    snapshot.engine.enable_prefix_caching = prefix_caching
+    snapshot.waiting[0].num_preemptions = 1
+    snapshot.waiting[0].num_cached_tokens = 288
+    snapshot.waiting[0].num_evictable_blocks = 10
+    snapshot.waiting[0].num_free_blocks_ahead = 3
+    waiting = state_from_snapshot(snapshot, remaining=lambda r: 5).waiting[0]
+    figures = (waiting.cached_tokens, waiting.num_evictable_blocks, waiting.num_free_blocks_ahead)
+    assert figures == ((288, 10, 3) if prefix_caching else (0, 0, 0))
+    snapshot.waiting[0].ClearField("num_cached_tokens")  # not reported (an older plugin): nothing taken
+    assert state_from_snapshot(snapshot, remaining=lambda r: 5).waiting[0].cached_tokens == 0
+
+
 def test_batch_records_calibrate_the_batch_time_model() -> None:
     records = []
     for step, (prefill, decodes) in enumerate([(0, 8), (512, 4), (2048, 0), (128, 30), (0, 64), (1000, 16)]):

@@ -34,6 +34,12 @@ def test_every_snapshot_and_step_matches_the_scheduler(vllm_python: str, tmp_pat
     assert counts["states_checked"] >= 500 and counts["executed_steps_checked"] >= 500
     assert counts["residents_checked"] >= 20_000 and counts["step_entries_checked"] >= 2_000
     assert counts["preempted_residents"] > 0 and counts["aborts"] > 0  # the run covered preemptions and aborts
+    # preempted waiting requests' cached prefixes (prefix caching on): hits, blocks in the free queue and free blocks
+    # ahead of them as vLLM's structures have them, and vLLM's hit on readmission as the plugin's lookup finds it
+    assert counts["cached_prefixes_checked"] >= 100 and counts["cached_prefixes_evictable"] > 0
+    assert counts["cached_prefixes_with_hit"] > counts["cached_prefixes_evictable"]  # some blocks held by others
+    assert counts["cached_prefixes_behind_free_blocks"] > 0
+    assert counts["readmissions_checked"] >= 50 and counts["readmissions_as_reported"] > 0
     assert counts["max_steps_in_flight"] == (2 if mode == "async" else 1)
     assert (counts["placeholders"] > 0) == (mode == "async")
     assert counts["errors_counted"] == 0
@@ -61,7 +67,8 @@ def test_the_plugin_imports_nothing_of_bear_beyond_its_own_small_modules(vllm_py
     loaded = set(json.loads(completed.stdout.splitlines()[-1]))
     # bear.common.config_sources: the environment parsers redis_config uses (standard library only).
     assert loaded == {"bear", "bear.common", "bear.common.config_sources", "bear.common.redis_config",
-                      "bear.snapshotter", "bear.snapshotter.config", "bear.snapshotter.plugin",
+                      "bear.snapshotter", "bear.snapshotter.cached_blocks", "bear.snapshotter.config",
+                      "bear.snapshotter.plugin",
                       "bear.snapshotter.recorder", "bear.snapshotter.region", "bear.snapshotter.writer"}
 
 

@@ -9,7 +9,9 @@ bear.snapshotter's plugin and reader; works offline):
 
 Checks. `SnapshotScheduler` (or `AsyncSnapshotScheduler`) and vLLM's plain `Scheduler` (`AsyncScheduler`) get the same
 requests, aborts and fake model outputs, stepped as EngineCore does (async: two steps in flight, schedule k+1 before
-applying k's output). Every `schedule()` of the two must be identical. After every call that writes (schedule, update,
+applying k's output). Every `schedule()` of the two must be identical. Prefix caching is on: every preempted
+waiting request's cached prefix in the region must be what vLLM's own lookup and free queue say, and when vLLM
+readmits one, the plugin's lookup must find the hit vLLM finds. After every call that writes (schedule, update,
 abort) the region is read back with `RegionReader` and compared field by field with the plugin scheduler: running list
 and waiting queue in order, every request's counts and blocks (from `kv_cache_manager.get_block_ids`), free blocks, the
 steps in flight (composition and tokens computed before each, from the requests themselves) and every executed step
@@ -52,6 +54,7 @@ from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
+from bear.snapshotter.cached_blocks import evictable_prefix  # noqa: E402
 from bear.snapshotter.config import PluginConfig  # noqa: E402
 from bear.snapshotter.plugin import AsyncSnapshotScheduler, SnapshotScheduler  # noqa: E402
 from bear.snapshotter.reader import RegionReader  # noqa: E402
@@ -152,6 +155,7 @@ class Checker:
         self.executed = deque()  # truth: executed steps the reader has not returned yet
         self.next_index = 0
         self.expect_invalid = False
+        self.reported = {}  # cached tokens the last state reported, by preempted waiting request
 
     def count(self, key, n=1):
         self.counts[key] = self.counts.get(key, 0) + n
@@ -168,7 +172,8 @@ class Checker:
         running = list(scheduler.running)
         waiting = list(scheduler.kv_holding_waiting) + list(scheduler.waiting)
         rows_left = max(self.max_rows - len(running), 0)
-        rows = [self.truth(r) for r in running], [self.truth(r) for r in waiting[:rows_left]]
+        rows = [self.truth(r) for r in running], [self.truth(r, waiting=True) for r in waiting[:rows_left]]
+        self.reported = {row[0]: row[-3] for row in rows[1] if row[-3] is not None}
         free = scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
         facts = (len(running), len(waiting), free, len(running) + len(waiting) > self.max_rows, self.next_index)
         self.count("preempted_residents", sum(r.num_preemptions > 0 for r in running + waiting))
@@ -220,17 +225,51 @@ class Checker:
         self.count("states_checked")
         self.count("residents_checked", len(running) + len(waiting))
         self.count("truncated_states", facts[3])
+        for row in waiting:
+            if row[-3] is not None:
+                self.count("cached_prefixes_checked")
+                self.count("cached_prefixes_with_hit", row[-3] > 0)
+                self.count("cached_prefixes_evictable", row[-2] > 0)
+                self.count("cached_prefixes_behind_free_blocks", row[-1] > 0)
 
-    def truth(self, request):
-        blocks = len(self.engine.scheduler.kv_cache_manager.get_block_ids(request.request_id)[0])
+    def truth(self, request, waiting=False):
+        manager = self.engine.scheduler.kv_cache_manager
+        blocks = len(manager.get_block_ids(request.request_id)[0])
+        figures = (None, None, None)
+        if waiting and request.num_preemptions and not request.num_computed_tokens:
+            figures = cached_prefix_truth(manager, request)
         return (request.request_id, request.num_prompt_tokens, request.max_tokens, request.arrival_time,
                 request.num_computed_tokens, request.num_output_tokens, blocks, request.num_output_placeholders,
-                request.num_preemptions)
+                request.num_preemptions, *figures)
 
     @staticmethod
     def record(r):
         return (r.request_id, r.num_prompt_tokens, r.max_tokens, r.arrival_time_s, r.num_computed_tokens,
-                r.num_output_tokens, r.num_allocated_blocks, r.num_output_placeholders, r.num_preemptions)
+                r.num_output_tokens, r.num_allocated_blocks, r.num_output_placeholders, r.num_preemptions,
+                r.num_cached_tokens, r.num_evictable_blocks, r.num_free_blocks_ahead)
+
+    def watch_readmissions(self):
+        """Wraps the plugin scheduler's get_computed_blocks: when vLLM readmits a preempted request, the plugin's
+        function, called right before, must find the very hit vLLM finds; the figure the last state reported is
+        compared with it too (equal unless blocks were allocated, or cached, in between)."""
+        manager = self.engine.scheduler.kv_cache_manager
+        original = manager.get_computed_blocks
+
+        def get_computed_blocks(request):
+            figures = evictable_prefix(manager, request) if request.num_preemptions else None
+            result = original(request)
+            if figures is not None:
+                self.count("readmissions_checked")
+                if figures[0] != result[1]:
+                    self.fail("readmission", f"{request.request_id}: plugin finds {figures[0]} cached tokens, "
+                                             f"vLLM {result[1]}")
+                reported = self.reported.get(request.request_id)
+                if reported is not None:
+                    self.count("readmissions_as_reported" if reported == result[1] else
+                               "readmissions_with_less" if reported > result[1] else "readmissions_with_more")
+            return result
+
+        manager.get_computed_blocks = get_computed_blocks
 
     def check_steps(self, where, snapshot):
         got_in_flight = [(s.step_index, entries_of(s)) for s in snapshot.in_flight]
@@ -256,6 +295,16 @@ class Checker:
             self.count("step_entries_checked", len(entries))
         if snapshot.num_missed_steps:
             self.fail(where, f"{snapshot.num_missed_steps} executed steps left the ring unread")
+
+
+def cached_prefix_truth(manager, request):
+    """What the plugin must report for a preempted waiting request, found another way: vLLM's own lookup
+    (get_computed_blocks: no side effects here, no KV events) and the free queue as a list."""
+    blocks, hit, _ = type(manager).get_computed_blocks(manager, request)  # not the readmission watch
+    free = {block.block_id: position
+            for position, block in enumerate(manager.block_pool.free_block_queue.get_all_free_blocks())}
+    positions = [free[block.block_id] for block in blocks.blocks[0] if block.ref_cnt == 0]
+    return hit, len(positions), min(positions, default=0)
 
 
 def entries_of(step):
@@ -296,6 +345,7 @@ def run_checks(args, model_dir):
     assert recorder is not None, "the plugin did not start"
     reader = RegionReader(recorder.path)
     checker = Checker(plugin, reader, settings["max_num_seqs"] + args.max_waiting_rows)
+    checker.watch_readmissions()
     checker.check("start", checker.expected_state())
     pending = deque(request_specs(rng, args.requests, settings["max_model_len"]))
     faults = Faults(recorder, rng if args.inject_faults else None, checker)
