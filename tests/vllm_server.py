@@ -117,6 +117,7 @@ class EngineSettings:
     max_model_len: int = 2048
     max_num_batched_tokens: int = 512
     dtype: str = field(default_factory=engine_dtype)
+    num_gpu_blocks: int | None = None  # the KV cache's blocks (vLLM's --num-gpu-blocks-override); None: vLLM sizes it
 
 
 class VllmServer:
@@ -149,6 +150,8 @@ class VllmServer:
                    "--max-num-seqs", str(settings.max_num_seqs),
                    "--max-num-batched-tokens", str(settings.max_num_batched_tokens),
                    "--scheduler-cls", "bear.snapshotter.plugin.SnapshotScheduler", *self.extra_args]
+        if settings.num_gpu_blocks is not None:
+            command += ["--num-gpu-blocks-override", str(settings.num_gpu_blocks)]
         if self.yield_cpu:
             command = ["nice", "-n", str(LOWEST_PRIORITY), *command]
         with open(self.log, "wb") as log:
@@ -176,6 +179,13 @@ class VllmServer:
                 return reply.status == 200
         except OSError:
             return False
+
+    def counter(self, name: str) -> float:
+        """A counter of the server's Prometheus metrics (summed over its labels; 0 if absent)."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith((f"{name}{{", f"{name} ")))
 
     def complete(self, request_id: str, prompt: str, max_tokens: int) -> dict[str, int]:
         """One non-streamed completion (ignore_eos: exactly max_tokens out); its usage."""

@@ -37,6 +37,7 @@ BAD = [
     *[("vllm_route_accuracy", ["--rate", value], "--rate") for value in ("0", "-2", "nan", "inf")],
     *[("vllm_route_accuracy", ["--load", value], "--load") for value in ("0", "-1", "nan", "inf")],
     ("vllm_route_accuracy", ["--seed", "-1"], "--seed"),
+    *[("vllm_route_accuracy", ["--num-gpu-blocks", value], "--num-gpu-blocks") for value in ("0", "-1", "1.5")],
     ("vllm_route_accuracy", ["--keep", "{file}"], "--keep"),
     ("vllm_route_accuracy", ["--keep", "{file}/logs"], "--keep"),
     ("vllm_route_accuracy", ["--json", "{tmp}/missing/out.json"], "--json"),

@@ -83,3 +83,39 @@ def test_prompts_can_open_with_shared_prefixes_of_the_length_asked_for() -> None
     assert [q.send_at_s for q in planned] == [q.send_at_s for q in plain]
     with pytest.raises(ValueError, match="shared_prefix_tokens"):
         plan_workload(replace(settings, shared_prefix_tokens=1490), 5, 3, "q")
+
+
+METRICS = """# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{engine="0",model_name="Qwen3-0.6B"} 7.0
+vllm:num_preemptions_total{engine="1",model_name="Qwen3-0.6B"} 2.0
+vllm:num_preemptions_created{engine="0",model_name="Qwen3-0.6B"} 1.7e+09
+"""
+
+
+def test_a_servers_counter_is_summed_over_its_labels(tmp_path: Path) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tests.vllm_server import VllmServer
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = METRICS.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with ThreadingHTTPServer(("127.0.0.1", 0), Metrics) as http:
+        threading.Thread(target=http.serve_forever, daemon=True).start()
+        server = VllmServer("python", tmp_path, tmp_path, str(tmp_path))
+        server.port = http.server_address[1]
+        try:
+            assert server.counter("vllm:num_preemptions_total") == 9.0
+            assert server.counter("vllm:num_requests_total") == 0.0
+        finally:
+            http.shutdown()
