@@ -155,9 +155,12 @@ def _diagnose_one(query: QueryFacts, t: float, snapshot: snapshot_pb2.InstanceSn
                                                  cached_tokens=min(hits.get(other_id, 0), other.prompt_tokens))))
         elif record.dispatched_at_s <= snapshot.taken_at_s and first_step.get(other_id, -1) >= snapshot.next_step_index:
             in_transit += 1
-    # The engine's own prefix-cache hits, for the query, the arrivals and the snapshot's waiting requests.
-    state = replace(state, waiting=tuple(replace(r, cached_tokens=min(hits.get(router_request_id(r.id), 0),
-                                                                      r.num_prompt_tokens)) for r in state.waiting))
+    # The engine's own prefix-cache hits, for the query, the arrivals and the snapshot's waiting requests — except
+    # those the snapshot reports what the cache holds of (preempted ones: their first scheduling's hit is long gone).
+    state = replace(state, waiting=tuple(
+        r if message.HasField("num_cached_tokens")
+        else replace(r, cached_tokens=min(hits.get(router_request_id(r.id), 0), r.num_prompt_tokens))
+        for r, message in zip(state.waiting, snapshot.waiting, strict=True)))
     hit = min(hits.get(query.request_id, 0), query.prompt_tokens)
     result = estimate(prepare(state), Query(query.request_id, query.prompt_tokens, query.max_tokens), coefficients,
                       query_time_s=t - snapshot.taken_at_s, arrivals=added, query_cached_tokens=hit,
