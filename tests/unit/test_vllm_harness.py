@@ -10,7 +10,7 @@ import pytest
 
 from bear.core.batch_time import BatchTimeCoefficients
 from tests.vllm_accuracy import AccuracySettings, PlannedQuery, at_rate, engine_rate, engine_time_alone_s, plan_workload
-from tests.vllm_server import engine_dtype
+from tests.vllm_server import _first_error, engine_dtype
 
 AVX2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n\nprocessor\t: 1\nflags\t\t: fpu sse2 avx avx2 fma\n"
 
@@ -119,3 +119,19 @@ def test_a_servers_counter_is_summed_over_its_labels(tmp_path: Path) -> None:
             assert server.counter("vllm:num_requests_total") == 0.0
         finally:
             http.shutdown()
+
+
+def test_a_failed_start_is_reported_with_the_root_cause_not_the_warnings_or_the_api_servers_traceback() -> None:
+    log = "\n".join([
+        "(APIServer pid=1) WARNING 12-04 [system_utils.py:255] failed with error current limit exceeds maximum limit. "
+        "This can cause fd limit errors like `OSError: [Errno 24] Too many open files`.",
+        "(EngineCore pid=2) ERROR 12-04 [core.py:1510] Traceback (most recent call last):",
+        "(EngineCore pid=2) ERROR 12-04 [core.py:1510]     raise ValueError(",
+        "(EngineCore pid=2) ERROR 12-04 [core.py:1510] ValueError: To serve at least one request with the model's "
+        "max seq len (2048), 0.01 GiB KV cache is needed",
+        "Traceback (most recent call last):",
+        "RuntimeError: Engine core initialization failed. See root cause above.",
+    ])
+    assert _first_error(log) == (": ValueError: To serve at least one request with the model's max seq len (2048), "
+                                 "0.01 GiB KV cache is needed")
+    assert _first_error("INFO all well\n") == ""
