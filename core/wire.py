@@ -103,8 +103,9 @@ def features_from_record(record: calibration_pb2.BatchRecord) -> BatchFeatures:
 
 
 def samples_from_records(records: Iterable[calibration_pb2.BatchRecord]) -> list[tuple[BatchFeatures, float]]:
-    """(features, measured duration) of executed steps, for calibration (steps still in progress are skipped)."""
-    return [(features_from_record(r), r.duration_s) for r in records if r.duration_s > 0]
+    """(features, measured time) of executed steps, for calibration (steps still in progress are skipped): a step's
+    time is its execution and the engine's own work after it until the next step (`overhead_s`, where known)."""
+    return [(features_from_record(r), r.duration_s + r.overhead_s) for r in records if r.duration_s > 0]
 
 
 def coefficients_to_proto(fit: CalibrationFit, fitted_at_s: float = 0.0) -> calibration_pb2.BatchTimeCoefficients:

@@ -66,11 +66,11 @@ class FakeEngine:
         self.writer.write_state(running, (waiting,), self.blocks, num_free_blocks, written_at_s, cached_prefixes)
 
     def schedule(self, scheduled: dict[str, int], from_state: int = 0, at_s: float = 1.8e9,
-                 started_at_s: float | None = None) -> int:
+                 started_at_s: float | None = None, follows_step: bool = False) -> int:
         """Records a step; requests not taken from the state rows have their computed tokens looked up."""
         computed = {rid: self.requests[rid].num_computed_tokens for rid in scheduled if rid in self.requests}
         return self.writer.write_scheduled_step(at_s, at_s if started_at_s is None else started_at_s, scheduled,
-                                                from_state, computed)
+                                                from_state, computed, follows_step)
 
     def finish_step(self, index: int | None, duration_s: float, next_step: tuple[int, float] | None = None) -> None:
         self.writer.write_processed_step(index, duration_s, next_step)

@@ -13,8 +13,10 @@ ring it reports:
   before the snapshot was taken that had not reached the engine's queue by then (neither resident nor added);
 - `replayed_batches` vs `real_batches`: batches up to the query's first token in the replay and in the engine (from
   the snapshot's next step on);
-- `step_time_error_pct`: eq. 12 on the real batches' compositions vs their measured durations, summed;
-- `gaps_ms`: engine time between those steps that no step's duration covers (scheduling, output processing, IPC);
+- `step_time_error_pct`: eq. 12 on the real batches' compositions vs their measured times (execution and the
+  engine's own work after each, `overhead_s`), summed;
+- `gaps_ms`: engine time between those steps that no step's time covers (the engine's work after a step the next did
+  not follow straight on);
 - `late_ms`: engine arrival of the query − t (the estimator assumes the query arrives at t);
 - `offline_ttft_ms`: the offline replay's TTFT from t (with true lengths), to set beside the router's prediction.
 """
@@ -168,8 +170,9 @@ def _diagnose_one(query: QueryFacts, t: float, snapshot: snapshot_pb2.InstanceSn
     last = first_token_step[query.request_id]
     real = [steps[i] for i in range(snapshot.next_step_index, last + 1) if i in steps]
     predicted_s = sum(coefficients.time_s(_features(s)) for s in real)
-    measured_s = sum(s.duration_s for s in real)
-    span_s = (real[-1].execution_started_at_s + real[-1].duration_s - real[0].scheduled_at_s) if real else 0.0
+    measured_s = sum(s.duration_s + s.overhead_s for s in real)
+    span_s = (real[-1].execution_started_at_s + real[-1].duration_s + real[-1].overhead_s - real[0].scheduled_at_s
+              if real else 0.0)
     return Diagnosis(
         request_id=query.request_id,
         age_ms=1e3 * (t - snapshot.taken_at_s),

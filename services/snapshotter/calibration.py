@@ -1,6 +1,7 @@
 """Online calibration of one instance's batch-time model (eq. 12) from the steps its engine executes.
 
-A rolling window keeps the latest executed steps (features and measured duration). A fit is non-negative least
+A rolling window keeps the latest executed steps (features and measured time: the execution and, on a synchronous
+engine, its own work until the next step, `overhead_s`). A fit is non-negative least
 squares on relative error (`bear.core.batch_time.fit`), made robust by trimming: after a first fit, steps whose relative
 error is far outside the typical one (beyond OUTLIER_MADS robust standard deviations, and beyond MIN_OUTLIER_ERROR) are
 left out and the fit is repeated, at most MAX_TRIM_ROUNDS times. Stalls of the host (a garbage collection, a page

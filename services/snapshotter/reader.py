@@ -12,11 +12,11 @@ import mmap
 import os
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bear.snapshotter.region import (ENGINE, ENGINE_OFFSET, HEADER, NO_SLOT, NOT_REPORTED, RECORD_ENTRIES_INCOMPLETE,
-                                     RECORD_HEAD, SLOT_HEAD, SLOT_ID_TRUNCATED, SLOTS_OFFSET, STATE,
-                                     STATE_OFFSET, STATE_SLOTS_EXHAUSTED, STATE_TRUNCATED, STATE_VALID,
+                                     RECORD_FOLLOWS_STEP, RECORD_HEAD, SLOT_HEAD, SLOT_ID_TRUNCATED, SLOTS_OFFSET,
+                                     STATE, STATE_OFFSET, STATE_SLOTS_EXHAUSTED, STATE_TRUNCATED, STATE_VALID,
                                      EngineSettings, Layout, RegionError, alive_at_view, counter_view,
                                      open_region)
 
@@ -65,6 +65,11 @@ class StepRecord:
     duration_s: float  # 0: in flight
     entries: tuple[StepEntryRecord, ...]
     complete: bool  # False: more requests than entries, or one without a slot (not usable for calibration)
+    follows_step: bool = False  # scheduled straight after the previous step's output (RECORD_FOLLOWS_STEP)
+    # Executed steps: the engine's own work after this step before the next began executing (applying and sending
+    # its output, reading new requests, scheduling), when the next followed it straight on; else 0. Async
+    # scheduling does that work while the next step executes: 0 there.
+    overhead_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +95,9 @@ class RegionSnapshot:
     num_errors: int  # exceptions the plugin contained
     num_writes: int
     in_flight: tuple[StepRecord, ...]  # scheduled, not yet processed; the first one is executing
-    executed: tuple[StepRecord, ...]  # executed steps this reader had not returned before, oldest first
+    # Executed steps this reader had not returned before, oldest first; the latest one only once the next step is
+    # scheduled (its overhead_s) or the engine is idle.
+    executed: tuple[StepRecord, ...]
     num_missed_steps: int  # executed steps that left the ring before this reader could return them
 
 
@@ -215,9 +222,13 @@ class RegionReader:
         residents = [slot_table.resident(row) for row in layout.row.iter_unpack(rows)] if valid else []
         steps = [_step(record, index, slot_table, layout) for index, record in enumerate(records, start=first)]
         steps = [step for step in steps if step is not None]
-        executed = tuple(s for s in steps if s.step_index < num_processed and s.step_index >= self._next_executed)
-        missed = max(0, first - self._next_executed) if self._next_executed < num_processed else 0
-        self._next_executed = max(self._next_executed, num_processed)
+        # The latest executed step waits for the next to be scheduled (which tells its overhead) while the engine
+        # has requests; once the engine is idle, it comes without.
+        ready = num_processed - (num_scheduled == num_processed and num_running + num_waiting > 0)
+        executed = tuple(_with_overhead(s, steps[i + 1] if i + 1 < len(steps) else None)
+                         for i, s in enumerate(steps) if self._next_executed <= s.step_index < ready)
+        missed = max(0, first - self._next_executed) if self._next_executed < ready else 0
+        self._next_executed = max(self._next_executed, ready)
         return RegionSnapshot(
             sequence_number=sequence // 2,
             writer_pid=writer_pid,
@@ -286,6 +297,14 @@ def _engine(fixed: bytes) -> EngineSettings:
                           model[:model_len].decode("utf-8", "replace"), bool(prefix_caching))
 
 
+def _with_overhead(step: StepRecord, following: StepRecord | None) -> StepRecord:
+    if (following is None or following.step_index != step.step_index + 1 or not following.follows_step
+            or following.execution_started_at_s <= 0 or step.execution_started_at_s <= 0):
+        return step
+    end_s = step.execution_started_at_s + step.duration_s
+    return replace(step, overhead_s=max(0.0, following.execution_started_at_s - end_s))
+
+
 def _step(record: bytes, step_index: int, slot_table: _SlotTable, layout: Layout) -> StepRecord | None:
     """The step record, or None if the ring slot does not hold step `step_index` (never written, or a write of it
     failed before its head)."""
@@ -303,4 +322,5 @@ def _step(record: bytes, step_index: int, slot_table: _SlotTable, layout: Layout
             complete = False
             continue
         entries.append(StepEntryRecord(fixed[0], fixed[1], num_scheduled_tokens, num_computed_tokens, fixed[3]))
-    return StepRecord(step_index, scheduled_at_s, started_at_s, duration_s, tuple(entries), complete)
+    return StepRecord(step_index, scheduled_at_s, started_at_s, duration_s, tuple(entries), complete,
+                      bool(record_flags & RECORD_FOLLOWS_STEP))

@@ -7,6 +7,9 @@ Four moments of the engine loop (`plugin` calls them):
   still in flight).
 - `step_scheduled(output)`, when `schedule()` returns: the step's composition and start time go into the ring
   (duration 0: in flight). Under async scheduling a step scheduled while another executes starts when that one ends.
+  One scheduled with none in flight, straight after the previous step's output was applied with requests left, is
+  flagged as following it: the time between the two is the engine's own work between steps, which a reader adds to
+  the previous step's time (`overhead_s`) and which async scheduling hides behind the step executing.
 - `step_done()`, when `update_from_output()` is entered: the oldest step in flight has finished executing.
 - `step_processed(output)`, when `update_from_output()` returns: the step's measured duration. If nothing is left to
   schedule, the state too (no `schedule()` will follow to write it).
@@ -80,6 +83,8 @@ class SnapshotRecorder:
         self._in_flight: deque[_InFlightStep] = deque()
         self._done_mono_s = 0.0
         self._done_wall_s = 0.0
+        # The last step's output was applied with requests left: the engine schedules the next one without waiting.
+        self._goes_on = False
         self._writer = RegionWriter(self.path, capacities, scheduler.requests.get, with_placeholders=is_async)
         try:
             self._writer.write_engine(engine)
@@ -106,6 +111,7 @@ class SnapshotRecorder:
         try:
             self._writer.slots.release(output.finished_req_ids, self._writer.num_scheduled_steps)
             if output.total_num_scheduled_tokens <= 0:
+                self._goes_on = False  # an empty step between: the engine's time until the next is not its overhead
                 return
             cached, new = output.scheduled_cached_reqs, output.scheduled_new_reqs
             num_running_scheduled = len(cached.req_ids) - len(cached.resumed_req_ids)
@@ -116,8 +122,9 @@ class SnapshotRecorder:
             computed.update((r.req_id, r.num_computed_tokens) for r in new)
             now_mono, now_wall = time.perf_counter(), time.time()
             idle = not self._in_flight
+            follows, self._goes_on = idle and self._goes_on, False
             index = self._writer.write_scheduled_step(now_wall, now_wall if idle else 0.0,
-                                                      output.num_scheduled_tokens, from_state, computed)
+                                                      output.num_scheduled_tokens, from_state, computed, follows)
             if len(self._in_flight) >= _MAX_IN_FLIGHT:
                 self._in_flight.popleft()
             self._in_flight.append(_InFlightStep(output, index, now_mono if idle else None))
@@ -140,7 +147,9 @@ class SnapshotRecorder:
                 following.started_mono_s = self._done_mono_s
                 next_step = (following.index, self._done_wall_s)
             self._writer.write_processed_step(index, duration_s, next_step)
-            if not self._scheduler.has_requests():
+            has_requests = self._scheduler.has_requests()
+            self._goes_on = index is not None and has_requests
+            if not has_requests:
                 self._write_state()
         except Exception as error:  # noqa: BLE001
             self._contain(error, "step_processed")

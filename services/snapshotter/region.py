@@ -94,6 +94,11 @@ STATE_SLOTS_EXHAUSTED = 4  # a request found no free slot (it and the requests a
 SLOT_ID_TRUNCATED = 1  # the id was longer than max_id_bytes and is cut there
 # RECORD flags
 RECORD_ENTRIES_INCOMPLETE = 1  # more scheduled requests than entries, or one without a slot: entries are partial
+# Scheduled, with no step in flight, straight after the previous step's output was applied: the engine had requests
+# left and did not wait for new ones, so the time from that step's end to this one's start is the engine's own work
+# between steps (applying and sending the output, reading new requests, scheduling). Readers that predate the flag
+# ignore it.
+RECORD_FOLLOWS_STEP = 2
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,7 @@ def step_to_proto(step: StepRecord) -> calibration_pb2.BatchRecord:
         duration_s=step.duration_s,
         entries=[entry_to_proto(entry) for entry in step.entries],
         execution_started_at_s=step.execution_started_at_s,
+        overhead_s=step.overhead_s,
     )
 
 

@@ -22,8 +22,8 @@ from itertools import chain, islice
 from typing import Protocol
 
 from bear.snapshotter.region import (ENGINE, ENGINE_OFFSET, MAX_MODEL_NAME_BYTES, NO_SLOT, NOT_REPORTED,
-                                     RECORD_ENTRIES_INCOMPLETE, RECORD_HEAD, ROW, ROW_CACHED_PREFIX,
-                                     ROW_CACHED_PREFIX_OFFSET, SLOT_HEAD, SLOT_ID_TRUNCATED, STATE, STATE_OFFSET,
+                                     RECORD_ENTRIES_INCOMPLETE, RECORD_FOLLOWS_STEP, RECORD_HEAD, ROW,
+                                     ROW_CACHED_PREFIX, ROW_CACHED_PREFIX_OFFSET, SLOT_HEAD, SLOT_ID_TRUNCATED, STATE, STATE_OFFSET,
                                      STATE_SLOTS_EXHAUSTED, STATE_SLOTS_USED_OFFSET, STATE_STEPS_OFFSET,
                                      STATE_TRUNCATED, STATE_VALID, U32, Capacities, EngineSettings, alive_at_view,
                                      counter_view, create_region)
@@ -195,8 +195,9 @@ class RegionWriter:
 
     def write_scheduled_step(self, scheduled_at_s: float, execution_started_at_s: float,
                              num_scheduled_tokens: Mapping[str, int], num_from_state: int,
-                             num_computed_tokens: Mapping[str, int]) -> int:
-        """Records the step just scheduled (duration 0: in flight) and returns its index.
+                             num_computed_tokens: Mapping[str, int], follows_step: bool = False) -> int:
+        """Records the step just scheduled (duration 0: in flight) and returns its index. `follows_step`: scheduled
+        straight after the previous step's output (RECORD_FOLLOWS_STEP).
 
         `num_scheduled_tokens` maps each scheduled request to its tokens, in vLLM's order. Its first `num_from_state`
         requests are the running rows of the state just written, in order (all of them: `num_running_rows`): their
@@ -225,8 +226,9 @@ class RegionWriter:
                 complete = complete and slot != NO_SLOT
                 pack(mapping, offset, slot, num_computed_tokens[request_id], 0, 0, 0, 0, NOT_REPORTED, 0, 0)
                 offset += ROW.size
+            flags = (0 if complete else RECORD_ENTRIES_INCOMPLETE) | (RECORD_FOLLOWS_STEP if follows_step else 0)
             RECORD_HEAD.pack_into(mapping, record, step_index, scheduled_at_s, execution_started_at_s, 0.0, count,
-                                  0 if complete else RECORD_ENTRIES_INCOMPLETE)
+                                  flags)
             self.num_scheduled_steps = step_index + 1
             _STEPS.pack_into(mapping, STATE_OFFSET + STATE_STEPS_OFFSET, self.num_scheduled_steps,
                              self.num_processed_steps)

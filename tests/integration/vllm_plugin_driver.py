@@ -156,6 +156,10 @@ class Checker:
         self.next_index = 0
         self.expect_invalid = False
         self.reported = {}  # cached tokens the last state reported, by preempted waiting request
+        # Truth of RECORD_FOLLOWS_STEP: a step scheduled with none in flight, right after a recorded step's output was
+        # applied with requests left (no empty schedule in between), follows it.
+        self.goes_on = False
+        self.follows = {}  # step index -> whether it follows the step before
 
     def count(self, key, n=1):
         self.counts[key] = self.counts.get(key, 0) + n
@@ -183,18 +187,22 @@ class Checker:
     def scheduled(self, output, recorded, expected_state):
         """After schedule(): the state written when it was entered, and the new step in flight."""
         if output.total_num_scheduled_tokens > 0 and recorded:
+            self.follows[self.next_index] = not self.in_flight and self.goes_on
             requests = self.engine.scheduler.requests
             entries = {rid: (n, requests[rid].num_computed_tokens - n)
                        for rid, n in output.num_scheduled_tokens.items()}
             self.in_flight.append((self.next_index, entries, output))
             self.next_index += 1
+        self.goes_on = False
         self.check("schedule", expected_state)
 
     def processed(self, output):
         """After update_from_output(): the step's duration; the state only if nothing is left to schedule."""
-        if self.in_flight and self.in_flight[0][2] is output:
+        recorded = bool(self.in_flight) and self.in_flight[0][2] is output
+        if recorded:
             self.executed.append(self.in_flight.popleft())
         idle = not self.engine.scheduler.has_requests()
+        self.goes_on = recorded and not idle
         self.check("update_from_output", self.expected_state() if idle else None)
 
     def check(self, where, expected_state):
@@ -282,6 +290,10 @@ class Checker:
         for step in snapshot.in_flight[1:]:
             if step.execution_started_at_s != 0:
                 self.fail(where, f"step {step.step_index} queued behind another has a start time")
+        for step in snapshot.in_flight:
+            if step.follows_step != self.follows.get(step.step_index):
+                self.fail(where, f"step {step.step_index} follows_step {step.follows_step}, expected "
+                                 f"{self.follows.get(step.step_index)}")
         for step in snapshot.executed:
             if not self.executed:
                 self.fail(where, f"executed step {step.step_index} was not expected")
@@ -291,6 +303,11 @@ class Checker:
                 self.fail(where, f"executed step {step.step_index} {entries_of(step)} vs {index} {entries}")
             if not (step.duration_s > 0 and step.execution_started_at_s >= step.scheduled_at_s > 0):
                 self.fail(where, f"executed step {step.step_index} timing {step}")
+            followed = self.follows.get(step.step_index + 1, False)
+            if step.overhead_s < 0 or (step.overhead_s > 0 and not followed):
+                self.fail(where, f"executed step {step.step_index} overhead {step.overhead_s} (followed: {followed})")
+            self.count("executed_steps_followed", followed)
+            self.count("executed_steps_with_overhead", step.overhead_s > 0)
             self.count("executed_steps_checked")
             self.count("step_entries_checked", len(entries))
         if snapshot.num_missed_steps:

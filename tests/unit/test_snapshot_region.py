@@ -164,8 +164,39 @@ def test_a_reader_that_falls_behind_the_ring_counts_the_steps_it_missed(path: st
     for _ in range(10):
         engine.finish_step(engine.schedule({"a": 1}, from_state=1), 0.01)
     snapshot = reader.read()
+    assert snapshot is not None  # the latest step waits for the next one (the engine has requests)
+    assert [s.step_index for s in snapshot.executed] == [6, 7, 8] and snapshot.num_missed_steps == 6
+    engine.finish("a")
+    engine.write_state([])
+    snapshot = reader.read()
+    assert snapshot is not None and [s.step_index for s in snapshot.executed] == [9] and not snapshot.num_missed_steps
+
+
+def test_a_step_followed_straight_on_carries_the_engines_work_until_the_next_one(path: str) -> None:
+    engine = FakeEngine(path, small_capacities())
+    a = decoding("a")
+    engine.write_state([a])
+    reader = RegionReader(path)
+    reader.read()
+    engine.finish_step(engine.schedule({"a": 1}, from_state=1, at_s=100.0), 0.010)
+    snapshot = reader.read()
+    assert snapshot is not None and snapshot.executed == ()  # its overhead is not known yet
+    engine.write_state([a])
+    engine.schedule({"a": 1}, from_state=1, at_s=100.0125, follows_step=True)
+    snapshot = reader.read()
+    assert snapshot is not None and [s.follows_step for s in snapshot.in_flight] == [True]
+    (step,) = snapshot.executed
+    assert (step.step_index, step.duration_s) == (0, 0.010) and step.overhead_s == pytest.approx(0.0025)
+    engine.finish_step(1, 0.010)
+    engine.write_state([a])
+    engine.schedule({"a": 1}, from_state=1, at_s=100.5)  # after the engine waited for requests: no overhead known
+    engine.finish_step(2, 0.010)
+    engine.finish("a")
+    engine.write_state([])
+    snapshot = reader.read()
     assert snapshot is not None
-    assert [s.step_index for s in snapshot.executed] == [6, 7, 8, 9] and snapshot.num_missed_steps == 6
+    assert [(s.step_index, s.follows_step, s.overhead_s) for s in snapshot.executed] == [(1, True, 0.0),
+                                                                                          (2, False, 0.0)]
 
 
 def test_a_write_that_fails_half_way_leaves_an_invalid_state_not_a_torn_one(path: str) -> None:

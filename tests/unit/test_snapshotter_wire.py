@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bear.core.state import check_state
-from bear.core.wire import features_from_record, state_from_snapshot
+from bear.core.wire import features_from_record, samples_from_records, state_from_snapshot
 from bear.snapshotter.reader import RegionReader, RegionSnapshot, StepEntryRecord, StepRecord
 from bear.snapshotter.wire import entry_to_proto, snapshot_to_proto, step_to_proto
 from bear.v1 import calibration_pb2
@@ -38,10 +38,12 @@ def test_one_scheduled_token_is_a_decode_and_more_are_prefill() -> None:
 
 def test_step_records_keep_timing_and_feed_the_batch_time_features() -> None:
     step = StepRecord(7, scheduled_at_s=10.0, execution_started_at_s=10.5, duration_s=0.25,
-                      entries=(StepEntryRecord("a", 100, 1, 104), StepEntryRecord("b", 50, 50, 0)), complete=True)
+                      entries=(StepEntryRecord("a", 100, 1, 104), StepEntryRecord("b", 50, 50, 0)), complete=True,
+                      overhead_s=0.002)
     record = step_to_proto(step)
-    assert (record.step_index, record.started_at_s, record.execution_started_at_s, record.duration_s) == (
-        7, 10.0, 10.5, 0.25)
+    assert (record.step_index, record.started_at_s, record.execution_started_at_s, record.duration_s,
+            record.overhead_s) == (7, 10.0, 10.5, 0.25, 0.002)
+    assert samples_from_records([record])[0][1] == 0.252  # the step's time in eq. 12: execution and overhead
     features = features_from_record(record)
     assert (features.num_prefill_tokens, features.num_decode_tokens, features.decode_context,
             features.prefill_attention) == (50, 1, 104, 50 * 51 // 2)
