@@ -167,7 +167,7 @@ class VllmServer:
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 text = self.log.read_text(errors="replace")
-                raise VllmFailed(f"vllm serve did not come up{_first_error(text)}; its log ends with:\n{text[-4000:]}")
+                raise VllmFailed(f"vllm serve did not come up{root_cause(text)}; its log ends with:\n{text[-4000:]}")
             time.sleep(1)
 
     def start(self) -> None:
@@ -265,11 +265,12 @@ class Sidecar:
                 self.process.stdout.close()
 
 
-# A traceback's last line, alone or in one of vLLM's ERROR log lines: "(EngineCore pid=1) ERROR … [core.py:1] ValueError: …".
+# A traceback's last line, alone or in one of vLLM's ERROR log lines:
+# "(EngineCore pid=1) ERROR … [core.py:1] ValueError: …".
 _ERROR_LINE = re.compile(r"^(?:\(.*?\) ERROR .*?\] )?(\w+(?:Error|Exception): .+)$", re.MULTILINE)
 
 
-def _first_error(log: str) -> str:
+def root_cause(log: str) -> str:
     """The first exception message in vLLM's log (its root cause: the API server's traceback that follows it pushes it
     out of the log's tail), as ': <message>', or ''."""
     match = _ERROR_LINE.search(log)

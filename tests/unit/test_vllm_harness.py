@@ -10,7 +10,7 @@ import pytest
 
 from bear.core.batch_time import BatchTimeCoefficients
 from tests.vllm_accuracy import AccuracySettings, PlannedQuery, at_rate, engine_rate, engine_time_alone_s, plan_workload
-from tests.vllm_server import _first_error, engine_dtype
+from tests.vllm_server import engine_dtype, root_cause
 
 AVX2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n\nprocessor\t: 1\nflags\t\t: fpu sse2 avx avx2 fma\n"
 
@@ -132,6 +132,6 @@ def test_a_failed_start_is_reported_with_the_root_cause_not_the_warnings_or_the_
         "Traceback (most recent call last):",
         "RuntimeError: Engine core initialization failed. See root cause above.",
     ])
-    assert _first_error(log) == (": ValueError: To serve at least one request with the model's max seq len (2048), "
+    assert root_cause(log) == (": ValueError: To serve at least one request with the model's max seq len (2048), "
                                  "0.01 GiB KV cache is needed")
-    assert _first_error("INFO all well\n") == ""
+    assert root_cause("INFO all well\n") == ""
