@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bear.core.batch_time import BatchFeatures, BatchTimeCoefficients, is_decode
-from bear.core.result import Infeasibility, ReplayResult, ReplayStatus, ScheduledBatch, explain
+from bear.core.result import Infeasibility, ReplayResult, ReplayStatus, ScheduledBatch, explain, refused_prompt
 from bear.core.state import Arrival, EngineConfig, InstanceState, Query, ResidentRequest
 
 RUNNING, WAITING, FINISHED = "running", "waiting", "finished"
@@ -381,10 +381,9 @@ def replay_reference(
     """
     engine = state.engine
     scheduler = ReferenceScheduler(state)
-    if query.num_prompt_tokens >= engine.max_model_len:
-        return _stopped(ReplayStatus.INFEASIBLE, Infeasibility.PROMPT_TOO_LONG, query.id, state, query, horizon_s)
-    if _cdiv(query.num_prompt_tokens, engine.block_size) > engine.num_gpu_blocks:
-        return _stopped(ReplayStatus.INFEASIBLE, Infeasibility.PROMPT_EXCEEDS_CACHE, query.id, state, query, horizon_s)
+    refused = refused_prompt(engine, query.num_prompt_tokens)
+    if refused is not Infeasibility.NONE:
+        return _stopped(ReplayStatus.INFEASIBLE, refused, query.id, state, query, horizon_s)
     query_request = ResidentRequest(query.id, query.num_prompt_tokens, 0, 0, query.output_tokens,
                                     cached_tokens=query_cached_tokens)
     pending = deque(sorted([*arrivals, Arrival(query_time_s, query_request)], key=lambda a: a.time_s))

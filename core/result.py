@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass
 
 from bear.core.batch_time import BatchFeatures
-from bear.core.state import InstanceState, Query
+from bear.core.state import EngineConfig, InstanceState, Query
 
 
 class ReplayStatus(enum.StrEnum):
@@ -47,6 +47,15 @@ class ReplayResult:
     @property
     def feasible(self) -> bool:
         return self.status is not ReplayStatus.INFEASIBLE
+
+
+def refused_prompt(engine: EngineConfig, num_prompt_tokens: int) -> Infeasibility:
+    """Why an engine of these settings can never serve a prompt this long, whatever its load (NONE: it can)."""
+    if num_prompt_tokens >= engine.max_model_len:
+        return Infeasibility.PROMPT_TOO_LONG
+    if -(-num_prompt_tokens // engine.block_size) > engine.num_gpu_blocks:
+        return Infeasibility.PROMPT_EXCEEDS_CACHE
+    return Infeasibility.NONE
 
 
 def explain(kind: Infeasibility, blocking_id: str | None, state: InstanceState, query: Query, horizon_s: float) -> str:

@@ -53,7 +53,7 @@ from bear.core.lps import LpsParameters, lps_ttft_s
 from bear.core.prefill_throughput import backlog_ttft_s, remaining_prefill_tokens
 from bear.core.reference import prefix_cache_hit
 from bear.core.replay import PreparedState, Target, estimate_many, prepare
-from bear.core.result import ReplayStatus
+from bear.core.result import Infeasibility, ReplayStatus, explain, refused_prompt
 from bear.core.state import Arrival, InvalidState, Query, ResidentRequest
 from bear.core.wire import state_from_snapshot
 from bear.estimator.prefix_index import PrefixIndex
@@ -101,7 +101,7 @@ class Calibration:
 @dataclass(frozen=True, slots=True)
 class TtftEstimate:
     instance_id: str
-    ttft_s: float | None  # None: unknown; math.inf: the query can never be served there
+    ttft_s: float | None  # None: unknown; math.inf: the query can never be served there (LPS: the wait is unbounded)
     method: Method
     snapshot_age_s: float | None = None
     num_batches: int = 0
@@ -380,6 +380,12 @@ class Estimator:
     def _fallback(self, instance_id: str, instance: _Instance, query: Query, age: float | None,
                   max_age_s: float) -> TtftEstimate:
         why = "no snapshot" if age is None else f"snapshot {age:.3f} s old" if age > max_age_s else "not calibrated"
+        if instance.prepared is not None:  # an engine's settings say, whatever its state, which prompts it refuses
+            state = instance.prepared.state
+            refused = refused_prompt(state.engine, query.num_prompt_tokens)
+            if refused is not Infeasibility.NONE:
+                return TtftEstimate(instance_id, math.inf, Method.NONE, age,
+                                    reason=f"{why}: {explain(refused, query.id, state, query, math.inf)}")
         calibration = instance.calibration
         if calibration is not None and calibration.lps is not None:
             return TtftEstimate(instance_id, lps_ttft_s(calibration.lps, query.num_prompt_tokens), Method.LPS, age,

@@ -70,10 +70,11 @@ def estimate_call(request: estimator_pb2.EstimateRequest, default_query_id: str)
 
 
 def instance_estimate(estimate: TtftEstimate, facts: InstanceFacts) -> estimator_pb2.InstanceEstimate:
-    """known: a TTFT was estimated; feasible: false only when the replay found the query can never be served there
-    (ttft_ms is then +inf); an LPS estimate of an overloaded instance is known, feasible and +inf."""
+    """known: a TTFT was estimated; feasible: false only when the query can never be served there (ttft_ms is then
+    +inf: the replay found so, or the engine's settings refuse its prompt); an LPS estimate of an overloaded instance
+    is known, feasible and +inf."""
     ttft_s = estimate.ttft_s
-    infeasible = estimate.method is Method.REPLAY and ttft_s is not None and math.isinf(ttft_s)
+    infeasible = estimate.method is not Method.LPS and ttft_s is not None and math.isinf(ttft_s)
     reason = estimate.reason
     if estimate.method is Method.LPS and ttft_s is not None and math.isinf(ttft_s):
         reason = f"{reason} (arrival rate at or above the service rate: the wait is unbounded)"

@@ -383,3 +383,24 @@ def test_an_engine_that_started_over_has_an_empty_prefix_cache() -> None:
     estimator.update_snapshot(snapshot("a", NOW + 2, [decoding("r1")], sequence_number=9), NOW + 2)  # counting on
     estimator.record_dispatch(Dispatch("again", "a", "m", NOW + 2, 1000, 20.0, prefix_hashes=_blocks(SYSTEM)))
     assert estimator.estimate(query, ["a"], NOW + 2.01, prefix_hashes=hashes)[0].ttft_s < cold.ttft_s
+
+
+@pytest.mark.parametrize("prompt_tokens, why", [(32_768, "not shorter than max_model_len (32768)"),
+                                                (16_001, "needs 1001 KV blocks, more than the cache's 1000")])
+def test_a_prompt_the_engine_refuses_is_infeasible_however_its_ttft_would_be_estimated(prompt_tokens: int,
+                                                                                       why: str) -> None:
+    """Without a replay (not calibrated, or a snapshot past the age limit, LPS or none) the engine's settings still
+    say which prompts it refuses: the router must shed such a query, not explore an instance that rejects it."""
+    estimator = estimator_with(snapshot("a", NOW, [decoding("r1")]), max_snapshot_age_s=2.0)
+    uncalibrated = snapshot("b", NOW, [decoding("r2")], model="m2")  # no peer of its model to borrow from
+    estimator.add_instance("b", "m2")
+    estimator.update_snapshot(uncalibrated, NOW)
+    query = Query("q", prompt_tokens, 10)
+    replayed, fresh = estimator.estimate(query, ["a", "b"], NOW)
+    stale = estimator.estimate(query, ["a"], NOW + 5)[0]
+    assert replayed.method is Method.REPLAY and replayed.ttft_s == math.inf and why in replayed.reason
+    for refused, prefix in ((fresh, "not calibrated: "), (stale, "snapshot 5.000 s old: ")):
+        assert refused.method is Method.NONE and refused.ttft_s == math.inf
+        assert refused.reason.startswith(prefix) and why in refused.reason
+    served = estimator.estimate(Query("q", 1000, 10), ["b"], NOW)[0]  # a prompt it takes: still no estimate
+    assert served.ttft_s is None and served.reason == "not calibrated, no LPS parameters"

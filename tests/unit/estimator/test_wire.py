@@ -71,9 +71,9 @@ def test_a_replay_estimate_fills_every_field() -> None:
     assert not busy.HasField("idle_ms")  # it had work: unset, not 0 (an engine idle for no time at all)
 
 
-def test_an_infeasible_replay_is_known_infeasible_and_infinite() -> None:
-    reply = instance_estimate(TtftEstimate("a", math.inf, Method.REPLAY, 0.0, reason="prompt too long"),
-                              InstanceFacts())
+@pytest.mark.parametrize("method", [Method.REPLAY, Method.NONE])  # NONE: the engine's settings refuse the prompt
+def test_an_infeasible_estimate_is_known_infeasible_and_infinite(method: Method) -> None:
+    reply = instance_estimate(TtftEstimate("a", math.inf, method, 0.0, reason="prompt too long"), InstanceFacts())
     assert reply.known and not reply.feasible and math.isinf(reply.ttft_ms) and reply.reason == "prompt too long"
 
 
