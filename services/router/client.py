@@ -137,6 +137,11 @@ def _require_number(name: str, value: object) -> None:
     """A value the router reads as a number (protobuf would take None as 0, and raise TypeError on a string)."""
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
         raise ValueError(f"{name} must be a number, got {value!r}")
+    try:
+        float(value)
+    except OverflowError:  # an int past a double's range (protobuf's double field would raise it, naming no field)
+        raise ValueError(f"{name} must be a number a double can hold, got an integer of {value.bit_length()} bits"
+                         ) from None
 
 
 def deadline_s(timeout_s: float | None, default_s: float) -> float:

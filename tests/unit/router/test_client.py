@@ -48,6 +48,9 @@ def test_a_request_carries_the_text_or_the_length_and_only_the_optionals_given()
                                                ({"prompt": "hi", "ttft_slo_ms": None}, "ttft_slo_ms"),
                                                ({"prompt": "hi", "ttft_slo_ms": "500"}, "ttft_slo_ms"),
                                                ({"prompt": "hi", "delta_per_s": "2"}, "delta_per_s"),
+                                               ({"prompt": "hi", "ttft_slo_ms": 10**400}, "ttft_slo_ms"),
+                                               ({"prompt": "hi", "lambda_per_micro_usd": -10**400},
+                                                "lambda_per_micro_usd"),
                                                ({"prompt": "hi", "allowed_models": None}, "allowed_models"),
                                                ({"prompt": "hi", "allowed_models": [None]}, "allowed_models"),
                                                ({"prompt": b"hi"}, "prompt"),
@@ -77,7 +80,8 @@ def test_deadlines_are_positive_and_none_means_the_clients() -> None:
     with pytest.raises(ValueError, match="timeout_s"):
         RouterClient("localhost:1", timeout_s=0)
     for ttft, tokens, named in ((10.0, -1, "output_tokens"), (10.0, 3.5, "output_tokens"),
-                                (10.0, None, "output_tokens"), (None, 3, "observed_ttft_ms")):
+                                (10.0, None, "output_tokens"), (None, 3, "observed_ttft_ms"),
+                                (10**400, 3, "observed_ttft_ms")):
         with pytest.raises(ValueError, match=named):
             outcome_report("r", ttft, tokens, 0.0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="request_id"):
