@@ -312,8 +312,12 @@ class Router:
 
     def _choose(self, policy: Policy, request: RouteRequest, candidates: Sequence[Candidate],
                 inputs: _Inputs) -> tuple[Choice, Policy, str]:
-        """The policy's choice, or the fallback's (with the reason) when an input is missing or the policy fails."""
-        problems = [str(e) for e in inputs.errors]
+        """The policy's choice, or the fallback's (with the reason) when an input it reads is missing or the policy
+        fails. A policy that reads no TTFT estimate decides without the estimator, over the latest snapshots' queue
+        lengths (the fallback's own signal then)."""
+        missing = any(e.service != "estimator" or policy.estimator is not None for e in inputs.errors)
+        errors = inputs.errors if missing else ()
+        problems = [str(e) for e in errors]
         if not problems:
             try:
                 with self._telemetry.stage("choose"):
@@ -331,7 +335,7 @@ class Router:
             except Exception:  # noqa: BLE001 - the configured fallback failed too: the last resort never does
                 logger.exception("fallback policy %s failed; deciding with round-robin", fallback.name)
                 fallback, choice = self._last_resort, self._last_resort.choose(request, candidates)
-        label = "-and-".join(e.service for e in inputs.errors) + "-unavailable" if inputs.errors else "policy-error"
+        label = "-and-".join(e.service for e in errors) + "-unavailable" if errors else "policy-error"
         self._metrics.fallbacks.labels(label, fallback.name).inc()
         return choice, fallback, f"{'; '.join(problems)}: {fallback.name} ({source})"
 

@@ -211,6 +211,27 @@ def test_a_missing_dependency_hands_the_decision_to_the_fallback(broken: str, re
     assert harness.metric("bear_router_fallbacks_total", reason=reason, policy="shortest-queue") == 1
 
 
+def test_a_policy_that_reads_no_ttft_estimate_decides_without_the_estimator() -> None:
+    """Asked for by name, it is not replaced by the fallback for a dependency it does not read: it decides over the
+    latest snapshots' queue lengths in Redis, as the fallback would."""
+    harness = make_router()
+    harness.estimator.error = DependencyUnavailable("estimator", "UNAVAILABLE", "connection refused")
+    harness.store.queues = {"small-0": QueueLengths(2, 1, 10.0), "medium-0": QueueLengths(0, 0, 10.0),
+                            "large-0": QueueLengths(1, 0, 10.0)}
+    queue = route(harness, policy="shortest-queue")
+    assert (queue.policy, queue.degraded, queue.degraded_reason, queue.instance_id) == (
+        "shortest-queue", False, "", "medium-0")
+    assert route(harness, policy="round-robin").policy == "round-robin"
+    assert route(harness, policy="bear").degraded  # it reads the estimates: the fallback decides
+    assert harness.metric("bear_router_fallbacks_total", reason="estimator-unavailable", policy="shortest-queue") == 1
+    harness.predictor.error = DependencyUnavailable("predictor", "DEADLINE_EXCEEDED", "")
+    alone = route(harness, policy="round-robin")  # every policy reads the predictions (utility, at least for ties)
+    assert alone.degraded and alone.degraded_reason.startswith("predictor unavailable (DEADLINE_EXCEEDED); "
+                                                               "estimator unavailable")
+    assert harness.metric("bear_router_fallbacks_total", reason="predictor-and-estimator-unavailable",
+                          policy="shortest-queue") == 1
+
+
 def test_without_queue_lengths_the_last_resort_is_round_robin() -> None:
     harness = make_router()
     harness.estimator.error = DOWN
