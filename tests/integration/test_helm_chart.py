@@ -93,6 +93,11 @@ GOOD_CASES: dict[str, tuple[list[str], dict[str, Any]]] = {
         _pool(name="a", gpusPerReplica=8, tensorParallelSize=2)]}),
     "service-extra-args": ([], {"router": {"extraArgs": ["--call-streams=off"]},
                                 "estimator": {"extraArgs": ["--config", "/etc/bear/estimator.yaml"]}}),
+    "extra-env-in-place-of-the-charts": ([], {
+        "vllm": {"env": [{"name": "HF_HOME", "value": "/models/hf"}, {"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}],
+                 "snapshotter": {"env": [{"name": "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS", "value": "2"}]}},
+        "router": {"env": [{"name": "BEAR_DEFAULT_POLICY", "value": "score"}]},
+        "otel": {"endpoint": "http://otel-collector:4317", "resourceAttributes": None}}),
 }
 # name → (release, namespace) where a case needs its own (others use RELEASE and NAMESPACE)
 RELEASE_AND_NAMESPACE = {"names-that-look-like-scalars": ("123", "2024"),
@@ -137,6 +142,8 @@ SCHEMA_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
                                        "/vllm/snapshotter/pollIntervalMs"),
     "snapshot-age-over-an-hour": ({"estimator": {"maxSnapshotAgeSeconds": 7200}}, "/estimator/maxSnapshotAgeSeconds"),
     "redis-on-a-unix-socket": ({"redis": {"enabled": False, "url": "unix:///run/redis.sock"}}, "/redis/url"),
+    "model-with-a-trailing-space": ({"pools": [_pool(model="meta-llama/Llama-3.1-8B-Instruct ")]}, "/pools/0/model"),
+    "served-name-with-a-leading-space": ({"pools": [_pool(servedModelName=" llama")]}, "/pools/0/servedModelName"),
 }
 # name → (values, what the error must say); refused by the templates' own checks
 TEMPLATE_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
@@ -191,6 +198,21 @@ TEMPLATE_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
     "snapshot-age-within-a-longer-idle-refresh": ({"estimator": {"maxSnapshotAgeSeconds": 1.0}, "vllm": {
         "snapshotter": {"env": [{"name": "BEAR_SNAPSHOT_REFRESH_S", "value": "2"}]}}},
         "idle refresh interval (BEAR_SNAPSHOT_REFRESH_S, 2 s)"),
+    "snapshot-age-within-the-read-interval": ({"vllm": {"snapshotter": {"pollIntervalMs": 2000}}},
+                                              "read interval (vllm.snapshotter.pollIntervalMs, 2 s)"),
+    "bundled-redis-without-a-tag": ({"redis": {"image": {"tag": ""}}}, "redis.image.tag: set a tag"),
+    "extra-args-data-parallel": ({"vllm": {"extraArgs": ["--data-parallel-size", "2"]}},
+                                 "vllm.extraArgs: --data-parallel-size: BEAR's snapshotter observes data-parallel "
+                                 "rank 0 only"),
+    "env-given-twice": ({"router": {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}},
+                        "router.env: A is given twice"),
+    "env-without-a-name": ({"vllm": {"env": [{"value": "1"}]}}, "vllm.env[0]: an environment entry needs a name"),
+    "pre-stop-sleep-outlasting-the-grace-period": ({"vllm": {"preStopSleepSeconds": 180}},
+                                                   "vllm.preStopSleepSeconds (180) must be shorter than "
+                                                   "vllm.terminationGracePeriodSeconds (120)"),
+    "autoscaling-without-a-cpu-request": ({"router": {"autoscaling": {"enabled": True},
+                                                      "resources": {"requests": {"cpu": None}}}},
+                                          "set router.resources.requests.cpu"),
 }
 
 
@@ -365,6 +387,29 @@ def test_the_templates_refuse_what_the_schema_cannot_see(reports: dict[str, Any]
     report = reports[case]
     assert report["schema_error"] is None
     assert report["render_error"] is not None and TEMPLATE_REFUSALS[case][1] in report["render_error"]
+
+
+@pytest.mark.parametrize("case", sorted(GOOD_CASES))
+def test_no_container_names_a_variable_twice(reports: dict[str, Any], case: str) -> None:
+    """Server-side apply (Helm 4's default) refuses a pod whose env names a variable twice."""
+    for workload in objects(reports[case]):
+        for c in workload.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
+            names = [e["name"] for e in c.get("env", [])]
+            assert len(names) == len(set(names)), (workload["metadata"]["name"], c["name"], names)
+
+
+def test_the_operators_env_takes_the_place_of_the_charts(reports: dict[str, Any]) -> None:
+    report = reports["extra-env-in-place-of-the-charts"]
+    (engine,) = engines(report).values()
+    vllm = container(engine, "vllm")
+    names = [e["name"] for e in vllm["env"]]
+    assert env(vllm)["HF_HOME"] == "/models/hf" and names.index("HF_HOME") < names.index("VLLM_CACHE_ROOT")
+    assert names[-1] == "VLLM_LOGGING_LEVEL" and env(vllm)["BEAR_SNAPSHOT_REGION"] == "bear-snapshot"
+    sidecar = env(container(engine, "snapshotter"))
+    assert sidecar["BEAR_SNAPSHOTTER_POLL_INTERVAL_MS"] == "2" and sidecar["BEAR_POOL"] == "default"
+    router = env(container(component(report, "Deployment", "router"), "router"))
+    assert router["BEAR_DEFAULT_POLICY"] == "score" and router["HOME"] == "/tmp"
+    assert router["OTEL_RESOURCE_ATTRIBUTES"].endswith(",service.version=0.1.0")  # nothing of a null
 
 
 # --- the pools --------------------------------------------------------------------------------------------------------

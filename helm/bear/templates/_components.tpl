@@ -78,3 +78,54 @@
     readOnly: true
 {{- end -}}
 {{- end -}}
+
+{{/* The environment the chart gives vLLM (bear.env adds vllm.env). */}}
+{{- define "bear.vllmEnv" -}}
+- name: BEAR_SNAPSHOT_REGION
+  value: {{ .Values.vllm.snapshotter.region | quote }}
+- name: HOME
+  value: /tmp
+- name: USER  # for libraries that ask for a user name (any uid works, with or without a passwd entry)
+  value: bear
+- name: HF_HOME
+  value: /cache/huggingface
+- name: VLLM_CACHE_ROOT
+  value: /cache/vllm
+- name: XDG_CACHE_HOME
+  value: /cache/xdg
+- name: TRITON_CACHE_DIR
+  value: /cache/triton
+{{- end -}}
+
+{{/* The environment the chart gives a pool's snapshotter sidecar (bear.env adds vllm.snapshotter.env):
+(dict "root" $ "pool" $pool "model" served model name) */}}
+{{- define "bear.sidecarEnv" -}}
+{{- $root := .root -}}
+{{- $snapshotter := $root.Values.vllm.snapshotter -}}
+{{ include "bear.podEnv" $root }}
+- name: BEAR_SNAPSHOT_REGION
+  value: {{ $snapshotter.region | quote }}
+- name: BEAR_INSTANCE_ID
+  value: $(POD_NAME)
+- name: BEAR_POOL
+  value: {{ .pool.name | quote }}
+- name: BEAR_MODEL
+  value: {{ .model | quote }}
+- name: BEAR_INSTANCE_ENDPOINT
+  value: {{ printf "http://%s:%v" (include "bear.podIPInAddress" $root) $root.Values.vllm.port | quote }}
+# Registered once vLLM answers /health, withdrawn within about a second when it stops.
+- name: BEAR_ENGINE_HEALTH_URL
+  value: {{ printf "http://localhost:%v/health" $root.Values.vllm.port | quote }}
+- name: BEAR_INPUT_USD_PER_MTOK
+  value: {{ include "bear.yamlNumber" .pool.prices.inputPerMTokens | quote }}
+- name: BEAR_OUTPUT_USD_PER_MTOK
+  value: {{ include "bear.yamlNumber" .pool.prices.outputPerMTokens | quote }}
+- name: BEAR_SNAPSHOTTER_GRPC_PORT
+  value: {{ $snapshotter.grpcPort | quote }}
+- name: BEAR_SNAPSHOTTER_ENDPOINT
+  value: {{ printf "%s:%v" (include "bear.podIPInAddress" $root) $snapshotter.grpcPort | quote }}
+- name: BEAR_SNAPSHOTTER_POLL_INTERVAL_MS
+  value: {{ $snapshotter.pollIntervalMs | quote }}
+{{ include "bear.redisEnv" $root }}
+{{ include "bear.homeEnv" $root }}
+{{- end -}}

@@ -228,7 +228,7 @@ true
 - name: OTEL_TRACES_SAMPLER_ARG
   value: {{ $otel.samplerArg | quote }}
 - name: OTEL_RESOURCE_ATTRIBUTES
-  value: {{ printf "k8s.namespace.name=$(POD_NAMESPACE),k8s.pod.name=$(POD_NAME),k8s.node.name=$(NODE_NAME),service.version=%s%s" .root.Chart.AppVersion (ternary (printf ",%s" $otel.resourceAttributes) "" (ne $otel.resourceAttributes "")) | quote }}
+  value: {{ printf "k8s.namespace.name=$(POD_NAMESPACE),k8s.pod.name=$(POD_NAME),k8s.node.name=$(NODE_NAME),service.version=%s%s" .root.Chart.AppVersion (ternary (printf ",%s" $otel.resourceAttributes) "" (ne (default "" $otel.resourceAttributes) "")) | quote }}
 {{- else }}
 - name: OTEL_SDK_DISABLED
   value: "true"
@@ -236,6 +236,41 @@ true
 {{- end -}}
 
 {{/* Writable places of a BEAR container whose root filesystem is read-only. */}}
+{{/* A container's environment: the chart's entries (`chart`, YAML list text) with the operator's (`extra`, a list
+from the values at `field`) in place of those of the same name, and the operator's others after them. A pod whose
+env names a variable twice is refused by server-side apply (Helm 4's default), and which one a container gets is
+otherwise left to the order. */}}
+{{- define "bear.env" -}}
+{{- $extra := dict -}}
+{{- range $i, $entry := (default list .extra) -}}
+{{- if or (not (kindIs "map" $entry)) (not (get $entry "name")) -}}
+{{- fail (printf "%s[%d]: an environment entry needs a name (name: ..., value: ... or valueFrom: ...)" $.field $i) -}}
+{{- end -}}
+{{- if hasKey $extra (toString $entry.name) -}}
+{{- fail (printf "%s: %s is given twice" $.field $entry.name) -}}
+{{- end -}}
+{{- $_ := set $extra (toString $entry.name) $entry -}}
+{{- end -}}
+{{- $merged := list -}}
+{{- $placed := dict -}}
+{{- range (fromYamlArray .chart) -}}
+{{- if hasKey $extra .name -}}
+{{- $merged = append $merged (get $extra .name) -}}
+{{- $_ := set $placed .name true -}}
+{{- else -}}
+{{- $merged = append $merged . -}}
+{{- end -}}
+{{- end -}}
+{{- range (default list .extra) -}}
+{{- if not (hasKey $placed (toString .name)) -}}
+{{- $merged = append $merged . -}}
+{{- end -}}
+{{- end -}}
+{{- if $merged -}}
+{{- toYaml $merged -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "bear.homeEnv" -}}
 - name: HOME
   value: /tmp
@@ -335,6 +370,13 @@ whose vLLM metrics are to be scraped instead). (dict "root" $ "port" 9464 "extra
 {{- if and $autoscaling.enabled (gt (int $autoscaling.minReplicas) (int $autoscaling.maxReplicas)) -}}
 {{- fail (printf "%s.autoscaling: minReplicas (%v) exceeds maxReplicas (%v)" $component $autoscaling.minReplicas $autoscaling.maxReplicas) -}}
 {{- end -}}
+{{- $resources := default (dict) $values.resources -}}
+{{- if and $autoscaling.enabled (not (dig "requests" "cpu" "" $resources)) (not (dig "limits" "cpu" "" $resources)) -}}
+{{- fail (printf "%s.autoscaling scales on CPU utilisation, a share of the pods' CPU request: set %s.resources.requests.cpu" $component $component) -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.vllm.preStopSleepSeconds (ge (int .Values.vllm.preStopSleepSeconds) (int .Values.vllm.terminationGracePeriodSeconds)) -}}
+{{- fail (printf "vllm.preStopSleepSeconds (%v) must be shorter than vllm.terminationGracePeriodSeconds (%v), which counts from the pod's deletion: vLLM would be killed without a SIGTERM, its requests cut off" .Values.vllm.preStopSleepSeconds .Values.vllm.terminationGracePeriodSeconds) -}}
 {{- end -}}
 {{- end -}}
 
@@ -372,6 +414,9 @@ $.Values.vllm.extraArgs) */}}
 {{- $flag := include "bear.flagName" . -}}
 {{- if has $flag $owned -}}
 {{- fail (printf "vllm.extraArgs: %s is a flag the chart sets for pools[%s]; set it through the values instead (the pool's engine settings, tensorParallelSize, servedModelName, vllm.port, vllm.asyncScheduling)" (toString .) $.pool.name) -}}
+{{- end -}}
+{{- if has $flag (list "--data-parallel-size" "-dp") -}}
+{{- fail (printf "vllm.extraArgs: %s: BEAR's snapshotter observes data-parallel rank 0 only (the others' state would be invisible to routing); scale a pool with replicas instead" (toString .)) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
@@ -429,8 +474,8 @@ of a pool's pod are its tensorParallelSize times this. Takes vllm.extraArgs. */}
 {{- end -}}
 
 {{/* The estimator's age limit must exceed the interval at which the snapshotters republish an idle engine's state
-(BEAR_SNAPSHOT_REFRESH_S, 0.5 s unless vllm.snapshotter.env says otherwise): idle instances would fall back to LPS
-between two refreshes. */}}
+(BEAR_SNAPSHOT_REFRESH_S, 0.5 s unless vllm.snapshotter.env says otherwise) and the one at which they read the engine
+(vllm.snapshotter.pollIntervalMs): instances would fall back to LPS between two refreshes or reads. */}}
 {{- define "bear.validateSnapshotAge" -}}
 {{- $refresh := 0.5 -}}
 {{- range .Values.vllm.snapshotter.env -}}
@@ -440,5 +485,9 @@ between two refreshes. */}}
 {{- end -}}
 {{- if le (float64 .Values.estimator.maxSnapshotAgeSeconds) $refresh -}}
 {{- fail (printf "estimator.maxSnapshotAgeSeconds (%v) must exceed the snapshotters' idle refresh interval (BEAR_SNAPSHOT_REFRESH_S, %v s): an idle instance's snapshot is that old before its next refresh, and would fall back to LPS" .Values.estimator.maxSnapshotAgeSeconds $refresh) -}}
+{{- end -}}
+{{- $poll := divf (float64 (default 5 .Values.vllm.snapshotter.pollIntervalMs)) 1000 -}}
+{{- if le (float64 .Values.estimator.maxSnapshotAgeSeconds) $poll -}}
+{{- fail (printf "estimator.maxSnapshotAgeSeconds (%v) must exceed the snapshotters' read interval (vllm.snapshotter.pollIntervalMs, %v s): a snapshot is that old before the next read, and would fall back to LPS" .Values.estimator.maxSnapshotAgeSeconds $poll) -}}
 {{- end -}}
 {{- end -}}
