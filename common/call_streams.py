@@ -223,8 +223,11 @@ class CallStreamServer(Generic[Request, Response]):
         """The answer, given up at the caller's deadline as gRPC gives up a unary handler (the caller has stopped
         waiting: a Route decided after that would record a dispatch for a query never sent, and claim its id)."""
         timeout_ms = call.timeout_ms
-        if not (math.isfinite(timeout_ms) and timeout_ms > 0):  # 0 (none), or a value no deadline can be made of
+        if timeout_ms == 0:  # none
             return await self._answer(call.request)
+        if not (math.isfinite(timeout_ms) and timeout_ms > 0):
+            raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT,
+                             f"timeout_ms must be a number of milliseconds > 0 (0: no deadline), got {timeout_ms!r}")
         try:
             async with asyncio.timeout(timeout_ms / 1000):
                 return await self._answer(call.request)

@@ -372,6 +372,27 @@ def test_a_call_id_already_in_flight_on_the_stream_is_refused_and_free_again_onc
     run(scenario)
 
 
+def test_a_deadline_no_time_can_be_made_of_is_refused_and_the_stream_goes_on() -> None:
+    async def scenario() -> None:
+        server = await Server(Servicer()).start()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            call = channel.stream_stream(METHOD, request_serializer=estimator_pb2.EstimateCall.SerializeToString,
+                                         response_deserializer=estimator_pb2.EstimateResult.FromString)()
+            for call_id, timeout_ms in enumerate((-1.0, float("nan"), float("inf"), 0.0, 5000.0)):
+                await call.write(estimator_pb2.EstimateCall(
+                    call_id=call_id, request=_request(f"deadline-{call_id}"), timeout_ms=timeout_ms))
+                result = await call.read()
+                if call_id < 3:
+                    assert result.error.code == "INVALID_ARGUMENT" and "timeout_ms must be" in result.error.message
+                    assert f"deadline-{call_id}" not in ANSWERED
+                else:  # 0: no deadline
+                    assert result.response.estimates[0].instance_id == f"deadline-{call_id}"
+            await call.done_writing()
+        await server.kill()
+
+    run(scenario)
+
+
 def test_shutdown_answers_the_calls_in_flight_and_ends_the_streams_without_waiting_for_the_grace() -> None:
     async def scenario() -> None:
         async with connected(grace_s=5.0) as (server, stream):
