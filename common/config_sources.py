@@ -17,6 +17,7 @@ typo, another service's setting) is an error that names it. Standard library and
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -140,6 +141,16 @@ def env_optional_port(environ: Mapping[str, str], name: str, default: int | None
 
 _HOST_PORT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):([0-9]{1,5})")
 _GRPC_SCHEMES = ("dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:")  # gRPC's own name resolvers
+
+
+MAX_SHUTDOWN_GRACE_S = 3600.0  # BEAR_SHUTDOWN_GRACE_S at most: calls in flight never hold a SIGTERM for longer
+
+
+def shutdown_grace_problem(value: float) -> str | None:
+    """What is wrong with a BEAR_SHUTDOWN_GRACE_S (None: nothing)."""
+    if not (math.isfinite(value) and 0 <= value <= MAX_SHUTDOWN_GRACE_S):
+        return f"BEAR_SHUTDOWN_GRACE_S must be in [0, {MAX_SHUTDOWN_GRACE_S:g}] seconds, got {value!r}"
+    return None
 
 
 def grpc_target_problem(name: str, target: str) -> str | None:

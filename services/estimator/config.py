@@ -29,7 +29,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bear.common.config_sources import env_float, env_int, env_optional_port, grpc_target_problem, layered_environ
+from bear.common.config_sources import (
+    env_float,
+    env_int,
+    env_optional_port,
+    grpc_target_problem,
+    layered_environ,
+    shutdown_grace_problem,
+)
 from bear.common.redis_config import ENVIRONMENT as REDIS_ENVIRONMENT
 from bear.common.redis_config import RedisConfig
 from bear.discovery.config import ENVIRONMENT as DISCOVERY_ENVIRONMENT
@@ -97,7 +104,8 @@ class EstimatorConfig:
                  f"{self.default_output_tokens:g}")
         _require(self.forget_after_s >= self.resync_interval_s,
                  "BEAR_ESTIMATOR_FORGET_AFTER_S must be >= BEAR_ESTIMATOR_RESYNC_S")
-        _require(self.shutdown_grace_s >= 0, "BEAR_SHUTDOWN_GRACE_S must be >= 0")
+        grace = shutdown_grace_problem(self.shutdown_grace_s)
+        _require(grace is None, grace or "")
         _require(not self.predictor_model_dir or Path(self.predictor_model_dir).is_dir(),
                  f"BEAR_PREDICTOR_MODEL_DIR: {self.predictor_model_dir} is not a directory")
 

@@ -20,7 +20,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from bear.common.config_sources import env_float, env_int, env_optional_port, layered_environ
+from bear.common.config_sources import env_float, env_int, env_optional_port, layered_environ, shutdown_grace_problem
 
 MAX_PROMPT_CHARS_LIMIT = 64 * 1024 * 1024
 ENVIRONMENT = (
@@ -57,7 +57,8 @@ class PredictorServiceConfig:
                  f"BEAR_PREDICTOR_MAX_PROMPT_CHARS must be in [1, {MAX_PROMPT_CHARS_LIMIT}] "
                  "(gRPC's messages stay under 2 GiB)")
         _require(self.max_remaining_queries >= 1, "BEAR_PREDICTOR_MAX_REMAINING_QUERIES must be >= 1")
-        _require(self.shutdown_grace_s >= 0, "BEAR_SHUTDOWN_GRACE_S must be >= 0")
+        grace = shutdown_grace_problem(self.shutdown_grace_s)
+        _require(grace is None, grace or "")
 
     @staticmethod
     def from_environ(environ: Mapping[str, str]) -> PredictorServiceConfig:

@@ -12,10 +12,10 @@ without BEAR_, in lower case, e.g. `default_policy: bear`):
     BEAR_FALLBACK_POLICY               policy when the predictor or the estimator is unavailable (default
                                        shortest-queue; round-robin when no queue lengths are known) --fallback-policy
     BEAR_ROUTER_POLICY_PARAMS          policies' parameters, JSON: {"bear": {"safety": 1.1, "fallback": "shed"}}
-    BEAR_ROUTER_ESTIMATOR_TIMEOUT_MS   deadline of each Estimate call (default 100)
-    BEAR_ROUTER_PREDICTOR_TIMEOUT_MS   deadline of each Predict call (default 100)
-    BEAR_ROUTER_REDIS_TIMEOUT_MS       deadline of the router's Redis calls (default 50); after a failure Redis
-                                       is left alone for 0.5 s
+    BEAR_ROUTER_ESTIMATOR_TIMEOUT_MS   deadline of each Estimate call (default 100, at most 60000)
+    BEAR_ROUTER_PREDICTOR_TIMEOUT_MS   deadline of each Predict call (default 100, at most 60000)
+    BEAR_ROUTER_REDIS_TIMEOUT_MS       deadline of the router's Redis calls (default 50, at most 60000); after a
+                                       failure Redis is left alone for 0.5 s
     BEAR_LAMBDA_PER_MICRO_USD          cost weight λ of eq. 4 for requests that give none (default 5e-4)
     BEAR_ROUTER_HORIZON_FACTOR         replays stop at this × the TTFT target + 1 s (default 4)
     BEAR_ROUTER_MAX_TTFT_SLO_MS        largest TTFT target accepted (default 600000)
@@ -57,6 +57,7 @@ from bear.common.config_sources import (
     env_optional_port,
     grpc_target_problem,
     layered_environ,
+    shutdown_grace_problem,
 )
 from bear.common.redis_config import ENVIRONMENT as REDIS_ENVIRONMENT
 from bear.common.redis_config import RedisConfig
@@ -66,6 +67,7 @@ from bear.router.query import MAX_WEIGHT
 
 TOKENIZERS = ("qwen", "pretokens")
 MAX_PROMPT_BYTES_LIMIT = 256 * 1024 * 1024
+MAX_TIMEOUT_S = 60.0  # the deadlines of the calls to the predictor, the estimator and Redis at most
 ENVIRONMENT = (
     "BEAR_ROUTER_HOST", "BEAR_ROUTER_GRPC_PORT", "BEAR_ROUTER_METRICS_PORT", "BEAR_ESTIMATOR_ADDRESS",
     "BEAR_PREDICTOR_ADDRESS", "BEAR_DEFAULT_POLICY", "BEAR_FALLBACK_POLICY", "BEAR_ROUTER_POLICY_PARAMS",
@@ -139,6 +141,11 @@ class RouterConfig:
                             ("BEAR_ROUTER_FORGET_AFTER_S", self.forget_after_s),
                             ("BEAR_ROUTER_FALLBACK_SNAPSHOT_AGE_S", self.fallback_snapshot_max_age_s)):
             _require(math.isfinite(value) and value > 0, f"{name} must be > 0, got {value!r}")
+        for name, value in (("BEAR_ROUTER_ESTIMATOR_TIMEOUT_MS", self.estimator_timeout_s),
+                            ("BEAR_ROUTER_PREDICTOR_TIMEOUT_MS", self.predictor_timeout_s),
+                            ("BEAR_ROUTER_REDIS_TIMEOUT_MS", self.redis_timeout_s)):
+            # A deadline on the Route path; gRPC fails a call at once whose timeout overflows its clock (~1e10 s).
+            _require(value <= MAX_TIMEOUT_S, f"{name} must be at most {MAX_TIMEOUT_S * 1000:g}, got {value * 1000:g}")
         _require(self.refresh_interval_s >= 0.01, f"BEAR_ROUTER_REFRESH_S must be at least 0.01 (a reread of every "
                  f"registration in Redis each time), got {self.refresh_interval_s!r}")
         _require(1 <= self.default_output_tokens <= 1_000_000,
@@ -151,7 +158,8 @@ class RouterConfig:
         _require(self.max_prompt_tokens > 0, "BEAR_ROUTER_MAX_PROMPT_TOKENS must be > 0")
         _require(self.tokenizer in TOKENIZERS,
                  f"BEAR_ROUTER_TOKENIZER must be one of {', '.join(TOKENIZERS)}, got {self.tokenizer!r}")
-        _require(self.shutdown_grace_s >= 0, "BEAR_SHUTDOWN_GRACE_S must be >= 0")
+        grace = shutdown_grace_problem(self.shutdown_grace_s)
+        _require(grace is None, grace or "")
         _require(0 <= self.ttft_feedback_window <= 100_000,
                  f"BEAR_ROUTER_TTFT_FEEDBACK_WINDOW must be in [0, 100000], got {self.ttft_feedback_window!r}")
         _require(math.isfinite(self.recent_dispatches_s) and 0 <= self.recent_dispatches_s <= 60,
@@ -203,7 +211,7 @@ def _policy_params(text: str) -> dict[str, dict[str, Any]]:
         return {}
     try:
         params = json.loads(text)
-    except json.JSONDecodeError as error:
+    except (ValueError, RecursionError) as error:  # JSONDecodeError; an integer of > 4300 digits; deep nesting
         raise ValueError(f"BEAR_ROUTER_POLICY_PARAMS must be JSON: {error}") from None
     if not isinstance(params, dict) or not all(isinstance(p, dict) for p in params.values()):
         raise ValueError('BEAR_ROUTER_POLICY_PARAMS must map policy names to parameters, e.g. {"bear": {"safety": 1.1}}')

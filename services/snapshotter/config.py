@@ -23,6 +23,7 @@ DEFAULT_REGION = "bear-snapshot"
 MAX_WAITING_ROWS_LIMIT = 65_536  # BEAR_SNAPSHOT_MAX_WAITING at most: estimators refuse snapshots with more rows
 MAX_RING_STEPS = 65_536  # BEAR_SNAPSHOT_RING_STEPS at most (a million steps made a 7 GB region in /dev/shm)
 MAX_ID_BYTES = 4096  # BEAR_SNAPSHOT_MAX_ID_BYTES at most (every row and step entry reserves this much)
+MAX_CALIBRATION_WINDOW = 100_000  # BEAR_CALIBRATION_WINDOW at most: steps kept in memory (~300 bytes each), refitted
 MAX_POLL_INTERVAL_MS = 60_000.0  # BEAR_SNAPSHOTTER_POLL_INTERVAL_MS at most (a region read at least once a minute)
 MAX_ENGINE_HEALTH_TIMEOUT_S = 60.0  # BEAR_ENGINE_HEALTH_TIMEOUT_S at most
 MAX_SNAPSHOT_TTL_S = 86_400.0  # BEAR_SNAPSHOT_TTL_S at most: a stopped instance's keys are gone within a day
@@ -90,6 +91,9 @@ class SnapshotterConfig:
     def __post_init__(self) -> None:
         _require(bool(self.region), "BEAR_SNAPSHOT_REGION must not be empty")
         _require(bool(self.instance_id), "BEAR_INSTANCE_ID must not be empty")
+        _require(self.instance_id.isprintable() and not any(c.isspace() for c in self.instance_id),
+                 f"BEAR_INSTANCE_ID must have no spaces or control characters (as a pools file's ids), got "
+                 f"{self.instance_id!r}")
         _require(not self.endpoint or _is_url(self.endpoint),
                  f"BEAR_INSTANCE_ENDPOINT (--endpoint) must be the vLLM server's URL, e.g. http://10.0.0.7:8000, "
                  f"got {self.endpoint!r}")
@@ -116,7 +120,8 @@ class SnapshotterConfig:
                  f"BEAR_SNAPSHOT_REFRESH_S must be at least {MIN_REFRESH_S:g} and below the TTL, got {self.refresh_s:g}")
         _require(2 <= self.engine_timeout_s < math.inf,
                  "BEAR_SNAPSHOTTER_ENGINE_TIMEOUT_S must be a finite number >= 2 (the engine beats every second)")
-        _require(self.calibration_window >= 8, "BEAR_CALIBRATION_WINDOW must be >= 8")
+        _require(8 <= self.calibration_window <= MAX_CALIBRATION_WINDOW,
+                 f"BEAR_CALIBRATION_WINDOW must be in [8, {MAX_CALIBRATION_WINDOW}], got {self.calibration_window}")
         _require(4 <= self.calibration_min_samples <= self.calibration_window,
                  "BEAR_CALIBRATION_MIN_SAMPLES must be in [4, BEAR_CALIBRATION_WINDOW]")
         _require(0 <= self.calibration_refit_s < math.inf, "BEAR_CALIBRATION_REFIT_S must be a finite number >= 0")

@@ -142,3 +142,11 @@ def test_flags_are_taken_by_their_whole_names_only(argv: list[str], capsys: pyte
         build_parser().parse_args(argv)
     assert exit_.value.code == 2
     assert f"unrecognized arguments: {argv[-2]}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("service", ["router", "estimator", "predictor"])
+@pytest.mark.parametrize("grace", ["inf", "nan", "-1", "1e300"])
+def test_every_service_refuses_a_shutdown_grace_that_would_hold_a_sigterm_for_ever(service: str, grace: str) -> None:
+    load = importlib.import_module(f"bear.{service}.config").load
+    with pytest.raises(ValueError, match=r"BEAR_SHUTDOWN_GRACE_S must be in \[0, 3600\] seconds"):
+        load({}, environ={"BEAR_SHUTDOWN_GRACE_S": grace, "BEAR_PREDICTOR_MODEL_DIR": "/"})

@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from bear.common.redis_config import RedisConfig, connect, honour_cancellation
+from bear.common.service import ServiceStartError
 
 
 def test_a_url_gives_a_client_with_password_and_deadlines() -> None:
@@ -21,12 +22,23 @@ def test_a_url_gives_a_client_with_password_and_deadlines() -> None:
 
 
 @pytest.mark.parametrize("url, tls", [("rediss://cache:6380/0", False), ("redis://cache:6380/0", True)])
-def test_tls_by_scheme_or_by_flag(url: str, tls: bool) -> None:
-    config = RedisConfig(url=url, tls=tls, tls_ca_file="/ca.pem", tls_cert_file="/c.pem", tls_key_file="/k.pem")
+def test_tls_by_scheme_or_by_flag(url: str, tls: bool, tmp_path: Path) -> None:
+    ca, cert, key = (tmp_path / name for name in ("ca.pem", "c.pem", "k.pem"))
+    for path in (ca, cert, key):
+        path.write_text("-----BEGIN CERTIFICATE-----\n")  # read when connecting, not here
+    config = RedisConfig(url=url, tls=tls, tls_ca_file=str(ca), tls_cert_file=str(cert), tls_key_file=str(key))
     client = connect(config)
     kwargs = client.connection_pool.connection_kwargs
     assert client.connection_pool.connection_class is redis.SSLConnection
-    assert (kwargs["ssl_ca_certs"], kwargs["ssl_certfile"], kwargs["ssl_keyfile"]) == ("/ca.pem", "/c.pem", "/k.pem")
+    assert (kwargs["ssl_ca_certs"], kwargs["ssl_certfile"], kwargs["ssl_keyfile"]) == (str(ca), str(cert), str(key))
+
+
+def test_tls_files_that_cannot_be_read_or_would_go_unused_are_named(tmp_path: Path) -> None:
+    for missing in (tmp_path / "absent.pem", tmp_path):  # no file; a folder
+        with pytest.raises(ServiceStartError, match=f"BEAR_REDIS_TLS_CA_FILE={missing}: not a readable file"):
+            connect(RedisConfig(url="rediss://cache:6380/0", tls_ca_file=str(missing)))
+    with pytest.raises(ValueError, match="BEAR_REDIS_TLS_CA_FILE is set .*, but BEAR talks plain TCP to Redis"):
+        RedisConfig(url="redis://cache:6379/0", tls_ca_file="/etc/ca.pem")
 
 
 def test_a_unix_socket() -> None:
@@ -55,8 +67,8 @@ def test_an_embedded_redis_that_cannot_start_is_a_start_up_error_naming_the_sett
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     path = blocker / "bear.db" if where == "missing-parent" else tmp_path  # under a file; a folder itself
-    with pytest.raises(ServiceStartError, match=f"BEAR_REDIS_EMBEDDED_PATH={re.escape(str(path))}: the embedded "
-                                                "Redis cannot start there"):
+    why = ": the embedded Redis cannot start there" if where == "missing-parent" else " is a folder: name the"
+    with pytest.raises(ServiceStartError, match=f"BEAR_REDIS_EMBEDDED_PATH={re.escape(str(path))}{why}"):
         connect(RedisConfig(embedded_path=str(path)))
 
 

@@ -54,6 +54,9 @@ def test_every_setting_is_read() -> None:
     ({"BEAR_REDIS_TLS": "maybe"}, "BEAR_REDIS_TLS"),
     ({"BEAR_INSTANCE_ENDPOINT": "not a url"}, "BEAR_INSTANCE_ENDPOINT"),  # clients are sent there
     ({"BEAR_INSTANCE_ENDPOINT": "http://10.0.0.7:99999"}, "BEAR_INSTANCE_ENDPOINT"),
+    ({"BEAR_CALIBRATION_WINDOW": "99999999999999999999999"}, r"BEAR_CALIBRATION_WINDOW must be in \[8, 100000\]"),
+    ({"BEAR_INSTANCE_ID": "pod 7"}, "BEAR_INSTANCE_ID must have no spaces or control characters"),
+    ({"BEAR_INSTANCE_ID": "pod-7\nforged log line"}, "BEAR_INSTANCE_ID must have no spaces or control characters"),
 ])
 def test_bad_sidecar_settings_name_the_variable(environ: dict[str, str], names: str) -> None:
     with pytest.raises(ValueError, match=names):

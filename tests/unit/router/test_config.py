@@ -49,8 +49,9 @@ def test_the_charts_environment_is_understood() -> None:
 def test_policy_parameters_are_json() -> None:
     config = load({}, environ={"BEAR_ROUTER_POLICY_PARAMS": '{"bear": {"safety": 1.2, "fallback": "shed"}}'})
     assert config.policy_params == {"bear": {"safety": 1.2, "fallback": "shed"}}
-    with pytest.raises(ValueError, match="BEAR_ROUTER_POLICY_PARAMS must be JSON"):
-        load({}, environ={"BEAR_ROUTER_POLICY_PARAMS": "{bear"})
+    for text in ("{bear", "[" * 100_000, '{"bear": {"safety": ' + "1" * 5000 + "}}"):  # deep; > 4300 digits
+        with pytest.raises(ValueError, match="BEAR_ROUTER_POLICY_PARAMS must be JSON"):
+            load({}, environ={"BEAR_ROUTER_POLICY_PARAMS": text})
     with pytest.raises(ValueError, match="BEAR_ROUTER_POLICY_PARAMS must map"):
         load({}, environ={"BEAR_ROUTER_POLICY_PARAMS": '{"bear": 1}'})
 
@@ -59,6 +60,10 @@ def test_policy_parameters_are_json() -> None:
     ({"BEAR_ROUTER_GRPC_PORT": "x"}, "BEAR_ROUTER_GRPC_PORT must be an integer"),
     ({"BEAR_ROUTER_GRPC_PORT": "70000"}, "BEAR_ROUTER_GRPC_PORT must be a port number"),
     ({"BEAR_ROUTER_PREDICTOR_TIMEOUT_MS": "0"}, "BEAR_ROUTER_PREDICTOR_TIMEOUT_MS must be > 0"),
+    ({"BEAR_ROUTER_ESTIMATOR_TIMEOUT_MS": "1e13"}, "BEAR_ROUTER_ESTIMATOR_TIMEOUT_MS must be at most 60000"),
+    ({"BEAR_ROUTER_REDIS_TIMEOUT_MS": "60001"}, "BEAR_ROUTER_REDIS_TIMEOUT_MS must be at most 60000"),
+    ({"BEAR_SHUTDOWN_GRACE_S": "inf"}, r"BEAR_SHUTDOWN_GRACE_S must be in \[0, 3600\] seconds"),
+    ({"BEAR_SHUTDOWN_GRACE_S": "-1"}, r"BEAR_SHUTDOWN_GRACE_S must be in \[0, 3600\] seconds"),
     ({"BEAR_LAMBDA_PER_MICRO_USD": "-1"}, "BEAR_LAMBDA_PER_MICRO_USD must be in"),
     ({"BEAR_LAMBDA_PER_MICRO_USD": "1e300"}, "BEAR_LAMBDA_PER_MICRO_USD must be in"),
     ({"BEAR_ROUTER_TOKENIZER": "gpt"}, "BEAR_ROUTER_TOKENIZER must be one of qwen, pretokens"),
