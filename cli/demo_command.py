@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"bear demo: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    problem = _run_folder_problem(args.run_folder) or _json_problem(args.json)
+    problem = _run_folder_problem(args.run_folder) or _json_problem(args.json) or _cache_problem()
     if problem:
         print(f"bear demo: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -82,6 +82,17 @@ def _run_folder_problem(folder: Path | None) -> str | None:
     if folder.exists() and not folder.is_dir():
         return f"--run-folder {folder}: exists and is not a folder"
     return _folder_problem("--run-folder", folder, folder)
+
+
+def _cache_problem() -> str | None:
+    """Why the folder the demo's predictor is cached in cannot be used, found before anything starts."""
+    from bear.demo.assets import cache_folder
+
+    folder = cache_folder()
+    name = "BEAR_CACHE_DIR" if os.environ.get("BEAR_CACHE_DIR") else "the cache folder"
+    if folder.exists() and not folder.is_dir():
+        return f"{name} {folder}: exists and is not a folder"
+    return _folder_problem(name, folder, folder)
 
 
 def _json_problem(path: Path | None) -> str | None:

@@ -121,6 +121,16 @@ def _run(config: DemoConfig, runner: asyncio.Runner, stops: _StopSignals | None,
          status: TextIO) -> dict[str, Any]:
     folder = config.run_folder or Path(tempfile.mkdtemp(prefix="bear-demo-"))
     try:
+        return _run_in(folder, config, runner, stops, out, status)
+    finally:
+        if config.run_folder is None:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # a run that failed before writing anything leaves no empty folder behind (logs stay)
+
+
+def _run_in(folder: Path, config: DemoConfig, runner: asyncio.Runner, stops: _StopSignals | None, out: TextIO,
+            status: TextIO) -> dict[str, Any]:
+    try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise ValueError(f"run folder {folder}: {error.strerror or error}") from None

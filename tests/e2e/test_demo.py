@@ -19,8 +19,9 @@ BEAR = shutil.which("bear") or str(Path(__file__).resolve().parents[2] / ".venv"
 POLICIES = ("bear", "score", "routebalance")
 
 
-def _run(args: list[str], tmp_path: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
-    environ = dict(os.environ, BEAR_CACHE_DIR=str(tmp_path / "cache"))
+def _run(args: list[str], tmp_path: Path, timeout_s: float, **environ_overrides: str
+         ) -> subprocess.CompletedProcess[str]:
+    environ = {**os.environ, "BEAR_CACHE_DIR": str(tmp_path / "cache"), **environ_overrides}
     return subprocess.run([BEAR, "demo", *args], capture_output=True, text=True, timeout=timeout_s, env=environ)
 
 
@@ -67,11 +68,12 @@ def test_demo_rejects_bad_input_naming_it(tmp_path: Path, args: list[str], messa
 def test_a_run_folder_or_json_file_that_cannot_be_used_is_refused_before_anything_starts(tmp_path: Path) -> None:
     a_file = tmp_path / "a-file"
     a_file.write_text("")
-    for args, message in ((["--run-folder", str(a_file)], "--run-folder"),
-                          (["--run-folder", str(a_file / "run")], "--run-folder"),
-                          (["--json", str(a_file / "out" / "demo.json")], "--json")):
+    for args, cache, message in ((["--run-folder", str(a_file)], "", "--run-folder"),
+                                 (["--run-folder", str(a_file / "run")], "", "--run-folder"),
+                                 (["--json", str(a_file / "out" / "demo.json")], "", "--json"),
+                                 ([], str(a_file), f"BEAR_CACHE_DIR {a_file}: exists and is not a folder")):
         started = time.monotonic()
-        completed = _run(args, tmp_path, timeout_s=120)
+        completed = _run(args, tmp_path, timeout_s=120, **({"BEAR_CACHE_DIR": cache} if cache else {}))
         assert completed.returncode == 2, completed.stderr[-3000:]
         assert message in completed.stderr and "Traceback" not in completed.stderr
         assert "preparing the predictor" not in completed.stderr  # found up front, not after the run
@@ -89,10 +91,13 @@ def test_a_redis_that_is_unreachable_or_serves_instances_already_is_refused(tmp_
             client.set("bear:instance:gpu-pool-0", b"\n\x0agpu-pool-0")
         for url, message in ((server.url, "instances are registered there already (gpu-pool-0)"),
                              ("redis://127.0.0.1:1/0", "ConnectionError")):
-            completed = _run(["--redis-url", url], tmp_path, timeout_s=120)
+            temporary = tmp_path / "tmp"
+            temporary.mkdir(exist_ok=True)
+            completed = _run(["--redis-url", url], tmp_path, timeout_s=120, TMPDIR=str(temporary))
             assert completed.returncode == 2, completed.stderr[-3000:]
             assert f"bear demo: --redis-url {url}: " in completed.stderr and message in completed.stderr
             assert "preparing the predictor" not in completed.stderr  # found before the training
+            assert not list(temporary.iterdir())  # no empty run folder left behind
     finally:
         server.stop()
 
