@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bear.cli.arguments import int_in, positive_int, seed
+from bear.predictor.config import MAX_PROMPT_CHARS_LIMIT
 from bear.predictor.training import MAX_TREES, TrainingConfig
 
 EXIT_BAD_INPUT = 2
@@ -34,12 +36,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     train_parser = actions.add_parser("train", help="train from an evaluation table and write a model directory")
-    train_parser.add_argument("--evals", type=Path, required=True,
+    train_parser.add_argument("--evals", type=_path, required=True,
                               help="evaluation table (.parquet, .csv or .jsonl): prompt, model, score, output_tokens, "
                                    "optional task")
-    train_parser.add_argument("--catalog", type=Path,
+    train_parser.add_argument("--catalog", type=_path,
                               help="models YAML (prices in USD per million tokens); default: the paper's Qwen3 pool")
-    train_parser.add_argument("--out", type=Path, required=True, help="model directory to write")
+    train_parser.add_argument("--out", type=_path, required=True, help="model directory to write")
     train_parser.add_argument("--force", action="store_true", help="replace --out if it holds an earlier artifact")
     train_parser.add_argument("--seed", type=seed, default=0, help="a non-negative integer below 2**31 (default 0)")
     train_parser.add_argument("--num-trees", type=int_in(1, MAX_TREES), default=TrainingConfig().num_trees,
@@ -48,15 +50,15 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     train_parser.set_defaults(handler=_train)
 
     evaluate_parser = actions.add_parser("evaluate", help="metrics per model against a constant baseline")
-    evaluate_parser.add_argument("--model-dir", type=Path, required=True)
-    evaluate_parser.add_argument("--evals", type=Path, required=True, help="held-out evaluation table")
+    evaluate_parser.add_argument("--model-dir", type=_path, required=True)
+    evaluate_parser.add_argument("--evals", type=_path, required=True, help="held-out evaluation table")
     evaluate_parser.set_defaults(handler=_evaluate)
 
     predict_parser = actions.add_parser("predict", help="accuracy, output tokens and cost of one prompt per model")
-    predict_parser.add_argument("--model-dir", type=Path, required=True)
+    predict_parser.add_argument("--model-dir", type=_path, required=True)
     prompt = predict_parser.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="the prompt text")
-    prompt.add_argument("--prompt-file", type=Path, help="a file holding the prompt")
+    prompt.add_argument("--prompt-file", type=_path, help="a file holding the prompt")
     predict_parser.add_argument("--models", help="comma-separated model names (default: all)")
     predict_parser.add_argument("--generated-tokens", type=int_in(0, MAX_TOKENS - 1), metavar="G",
                                 help="also print expected_remaining_tokens of a request that has generated G tokens")
@@ -68,7 +70,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     synth_parser.add_argument("--rows", type=_synth_rows, required=True,
                               help=f"rows of the table (prompts × models), at most {MAX_SYNTH_ROWS}")
     synth_parser.add_argument("--seed", type=seed, required=True, help="a non-negative integer below 2**31")
-    synth_parser.add_argument("--out", type=Path, required=True, help="output file (.parquet, .csv or .jsonl)")
+    synth_parser.add_argument("--out", type=_path, required=True, help="output file (.parquet, .csv or .jsonl)")
     synth_parser.add_argument("--force", action="store_true", help="replace --out if it exists")
     synth_parser.set_defaults(handler=_synth)
 
@@ -85,11 +87,19 @@ def _train(args: argparse.Namespace) -> int:
         if problem is not None:
             hint = "" if args.force or save_problem(args.out, True) else " (use --force to replace it)"
             raise _Usage(f"out: {problem}{hint}")
+        try:  # before the training, not after
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise _Usage(f"--out: {args.out}: cannot create the folder {args.out.parent}: "
+                         f"{error.strerror or error}") from None
         catalog = read_catalog(args.catalog, KNOWN_TOKENIZERS) if args.catalog else PAPER_POOL
         table = read_eval_table(args.evals)
         start = time.perf_counter()
         artifact = train(table, catalog, TrainingConfig(num_trees=args.num_trees, seed=args.seed), _progress)
-        artifact.save(args.out, replace=True)
+        try:
+            artifact.save(args.out, replace=True)
+        except OSError as error:  # its message would name the sibling it is first written into
+            raise _Usage(f"--out: cannot write {args.out}: {error.strerror or error}") from None
         return {"out": str(args.out), "format_version": FORMAT_VERSION, "models": list(catalog.names),
                 "num_rows": artifact.training["num_rows"], "num_prompts": artifact.training["num_prompts"],
                 "train_s": round(time.perf_counter() - start, 2)}
@@ -122,6 +132,8 @@ def _predict(args: argparse.Namespace) -> int:
             raise _Usage(f"models: no model name in {args.models!r}")
         out: dict[str, dict[str, Any]] = {}
         for name, p in predictor.predict(text, models).items():
+            if not (math.isfinite(p.output_tokens) and math.isfinite(p.cost_usd)):  # a model out of its range
+                raise _Usage(f"model-dir: {args.model_dir} predicts {p.output_tokens!r} output tokens for {name}")
             out[name] = {"accuracy": round(p.accuracy, 4), "output_tokens": round(p.output_tokens, 1),
                          "prompt_tokens": p.prompt_tokens, "cost_usd": p.cost_usd}
             if args.generated_tokens is not None:
@@ -143,7 +155,10 @@ def _synth(args: argparse.Namespace) -> int:
         if args.out.exists() and not args.force:  # it may be someone's real evaluations
             raise _Usage(f"--out: {args.out} exists (use --force to replace it with the synthetic table)")
         corpus = generate(args.rows, args.seed, _progress)
-        write_eval_table(corpus.table, args.out, {"source": [SOURCE] * len(corpus.table)})
+        try:
+            write_eval_table(corpus.table, args.out, {"source": [SOURCE] * len(corpus.table)})
+        except OSError as error:
+            raise _Usage(f"--out: cannot write {args.out}: {error.strerror or error}") from None
         return {"synthetic": True, "source": SOURCE, "out": str(args.out), "rows": len(corpus.table),
                 "prompts": corpus.num_prompts, "seed": args.seed,
                 "mean_score": {task: {m: round(s, 4) for m, s in scores.items()}
@@ -175,15 +190,33 @@ def _run(action: str, work: Callable[[], dict[str, Any]]) -> int:
         where = f"{error.filename}: " if error.filename else ""
         print(f"bear predictor {action}: {where}{error.strerror or error}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(json.dumps(output))
+    try:
+        text = json.dumps(output, allow_nan=False)
+    except ValueError as error:  # inf or NaN: not JSON, and no answer
+        print(f"bear predictor {action}: a result is not a finite number ({error})", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(text)
     return 0
 
 
 def _read_prompt(path: Path) -> str:
+    """The file's text, read no further than a prompt the predictor service could accept (/dev/zero never ends)."""
     try:
-        return path.read_text(encoding="utf-8")
+        with path.open(encoding="utf-8") as source:
+            text = source.read(MAX_PROMPT_CHARS_LIMIT + 1)
     except (OSError, UnicodeDecodeError) as error:
         raise _Usage(f"prompt-file: cannot read {path}: {error}") from None
+    if len(text) > MAX_PROMPT_CHARS_LIMIT:
+        raise _Usage(f"prompt-file: {path} holds more than {MAX_PROMPT_CHARS_LIMIT} characters, the most a prompt "
+                     "may have")
+    return text
+
+
+def _path(text: str) -> Path:
+    """An argparse type: a path, not empty (Path("") would be the current folder)."""
+    if not text:
+        raise argparse.ArgumentTypeError("must be a path, got an empty string")
+    return Path(text)
 
 
 def _progress(items: Iterable[T], description: str, total: int) -> Iterable[T]:

@@ -2,9 +2,9 @@
 
 Columns: prompt (text), model (a catalogue name), score (the judge's score normalised to [0, 1], Appendix C),
 output_tokens (the response's length, an integer >= 1), and optionally task (a label kept for reports, empty where
-missing; never a feature, since a prompt arriving at the router has none). Other columns are ignored. Formats, by file extension: Parquet
-(.parquet, .pq), CSV (.csv, with a header) and JSON Lines (.jsonl, .ndjson). An EvalsError names the column, and the
-row (counted from 1) where one is at fault.
+missing; never a feature, since a prompt arriving at the router has none). Other columns are ignored. Formats, by
+file extension: Parquet (.parquet, .pq), CSV (.csv, with a header) and JSON Lines (.jsonl, .ndjson; a key given twice
+in a row is refused). An EvalsError names the column, and the row (counted from 1) where one is at fault.
 """
 
 from __future__ import annotations
@@ -107,13 +107,14 @@ def _read_columns(path: Path) -> tuple[dict[str, list[Any]], bool]:
         if kind == "csv":
             # utf-8-sig: spreadsheets start their CSV with a byte-order mark, which would stick to the first name
             with path.open(newline="", encoding="utf-8-sig") as source, _csv_fields_of_any_size():
-                reader = csv.reader(source)
-                header = next(reader, [])
+                reader = csv.reader(source, strict=True)  # strict: an unclosed quote is an error, not a long field
+                rows = _csv_rows(reader, path)
+                header = next(rows, [])
                 repeated = sorted({name for name in header if header.count(name) > 1})
                 if repeated:  # which of the two would be meant? (Parquet refuses it too)
                     raise EvalsError(f"evals: {path}: column {shown(repeated[0])} appears more than once in the header")
                 columns: dict[str, list[Any]] = {name: [] for name in header}
-                for row in reader:
+                for row in rows:
                     if not row:  # a blank line (DictReader skipped them too)
                         continue
                     if len(row) > len(header):  # a stray comma: the fields no longer line up with the header
@@ -130,6 +131,20 @@ def _read_columns(path: Path) -> tuple[dict[str, list[Any]], bool]:
         raise EvalsError(f"evals: cannot read {path}: {reason}") from None
     except (UnicodeDecodeError, csv.Error) as error:
         raise EvalsError(f"evals: {path} is not a readable {kind} file: {error}") from None
+
+
+def _csv_rows(reader: Any, path: Path) -> Iterator[list[str]]:
+    """The reader's rows; a malformed one is an EvalsError naming the line where it starts."""
+    while True:
+        start = reader.line_num + 1
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as error:
+            problem = "has an unclosed quote" if "end of data" in str(error) else "is not valid CSV"
+            raise EvalsError(f"evals: {path}: the row at line {start} {problem} ({error})") from None
+        yield row
 
 
 @contextlib.contextmanager
@@ -158,14 +173,39 @@ def _jsonl_columns(path: Path) -> dict[str, list[Any]]:
     lines = [line for line in path.read_text(encoding="utf-8-sig").split("\n") if line.strip()]
     for i, line in enumerate(lines):
         try:
-            record = json.loads(line)
+            record = json.loads(line, object_pairs_hook=_no_key_twice)
+        except _KeyTwice as error:
+            raise EvalsError(f"evals row {i + 1}: the key {shown(error.key)} is given twice") from None
         except json.JSONDecodeError as error:
             raise EvalsError(f"evals row {i + 1}: not valid JSON: {error}") from None
+        except RecursionError:
+            raise EvalsError(f"evals row {i + 1}: not valid JSON: it nests arrays or objects too deeply") from None
+        except ValueError as error:  # an integer literal of more digits than Python converts
+            reason = str(error).split(";")[0]  # without its advice to raise the interpreter's limit
+            raise EvalsError(f"evals row {i + 1}: not valid JSON: {reason}") from None
         if not isinstance(record, dict):
             raise EvalsError(f"evals row {i + 1}: expected a JSON object")
         for name in {*columns, *record}:
             columns.setdefault(name, [None] * i).append(record.get(name))
     return columns
+
+
+class _KeyTwice(Exception):
+    """Raised out of json.loads by _no_key_twice; the caller names the row."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _no_key_twice(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object; a key given twice (json keeps the last one silently) is an error."""
+    record: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in record:
+            raise _KeyTwice(key)
+        record[key] = value
+    return record
 
 
 def _format(path: Path, what: str = "evals") -> str:

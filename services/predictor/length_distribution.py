@@ -26,7 +26,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bear.predictor.evals import MAX_OUTPUT_TOKENS
+
 UNBOUNDED = 1e18  # max_tokens when the request sets none
+# scale_to_mean = Σ real / Σ predicted scale, over lengths in [1, MAX_OUTPUT_TOKENS] (evals.py) and scales exp(f(x)) of
+# a regressor fitted on their logs, hence within about the same range: a ratio outside [1/M, M] is a corrupt artifact.
+MAX_SCALE_TO_MEAN = float(MAX_OUTPUT_TOKENS)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -41,8 +46,9 @@ class LengthDistribution:
             raise ValueError("length ratios must be at least 3 finite positive numbers in ascending order")
         if not 1 <= self.tail_points <= r.size - 2:
             raise ValueError(f"tail_points must be in [1, {r.size - 2}], got {self.tail_points}")
-        if not (np.isfinite(self.scale_to_mean) and self.scale_to_mean > 0):
-            raise ValueError(f"scale_to_mean must be a positive number, got {self.scale_to_mean!r}")
+        if not 1 / MAX_SCALE_TO_MEAN <= self.scale_to_mean <= MAX_SCALE_TO_MEAN:  # NaN fails it too
+            raise ValueError(f"scale_to_mean must be a number in [{1 / MAX_SCALE_TO_MEAN:g}, {MAX_SCALE_TO_MEAN:g}], "
+                             f"got {self.scale_to_mean!r}")
 
     @staticmethod
     def fit(actual: np.ndarray, predicted_scale: np.ndarray, num_quantiles: int = 256,

@@ -120,3 +120,29 @@ def test_unreadable_files(tmp_path: Path) -> None:
     (tmp_path / "bad.jsonl").write_text("{oops\n")
     with pytest.raises(EvalsError, match="evals row 1: not valid JSON"):
         read_eval_table(tmp_path / "bad.jsonl")
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ('{"prompt": "x", "model": "m", "score": 0.5, "output_tokens": ' + "1" * 5000 + "}",
+     r"evals row 2: not valid JSON: Exceeds the limit \(4300 digits\) for integer string conversion"),
+    ("[" * 100_000, "evals row 2: not valid JSON: it nests arrays or objects too deeply"),
+    ('{"prompt": "x", "model": "m", "score": 0.9, "score": 0.1, "output_tokens": 3}',
+     "evals row 2: the key 'score' is given twice"),
+])
+def test_a_json_lines_row_json_cannot_take_is_refused_naming_the_row(tmp_path: Path, line: str, message: str) -> None:
+    """(Probe: a 5,000-digit integer and 100,000 `[` ended in tracebacks; a key given twice kept its last value.)"""
+    first = json.dumps({"prompt": "p", "model": "m", "score": 0.5, "output_tokens": 3})
+    (tmp_path / "evals.jsonl").write_text(f"{first}\n{line}\n")
+    with pytest.raises(EvalsError, match=message) as error:
+        read_eval_table(tmp_path / "evals.jsonl")
+    assert "sys.set_int_max_str_digits" not in str(error.value)  # no advice to raise the interpreter's limit
+
+
+def test_a_csv_with_an_unclosed_quote_is_refused_naming_its_line(tmp_path: Path) -> None:
+    """(Probe: it read as one long prompt and then said `row 1: model must be a non-empty string, got None`.)"""
+    (tmp_path / "evals.csv").write_text('prompt,model,score,output_tokens\nhi,m,0.5,3\n"x,m,0.5,3\n')
+    with pytest.raises(EvalsError, match=r"evals\.csv: the row at line 3 has an unclosed quote"):
+        read_eval_table(tmp_path / "evals.csv")
+    (tmp_path / "evals.csv").write_text('prompt,model,score,output_tokens\n"x"y,m,0.5,3\n')
+    with pytest.raises(EvalsError, match=r"evals\.csv: the row at line 2 is not valid CSV \(',' expected"):
+        read_eval_table(tmp_path / "evals.csv")

@@ -103,3 +103,12 @@ def test_bad_tables() -> None:
         LengthDistribution(np.array([0.5, 1.0, 1.5]), 2, 1.0)
     with pytest.raises(ValueError, match="scale_to_mean"):
         LengthDistribution(np.array([0.5, 1.0, 1.5]), 1, 0.0)
+
+
+@pytest.mark.parametrize("scale_to_mean", [1e308, float("inf"), float("nan"), 2e9, 1e-12, -1.0])
+def test_a_scale_to_mean_no_training_gives_is_refused(scale_to_mean: float) -> None:
+    """(Probe: an artifact with 1e308 loaded, and `bear predictor predict` printed `"output_tokens": Infinity`.)"""
+    with pytest.raises(ValueError, match=r"scale_to_mean must be a number in \[1e-09, 1e\+09\]"):
+        LengthDistribution(np.array([0.5, 1.0, 1.5]), 1, scale_to_mean)
+    for bound in (1e-9, 1e9):
+        assert LengthDistribution(np.array([0.5, 1.0, 1.5]), 1, bound).scale_to_mean == bound
