@@ -12,10 +12,15 @@ from bear.cli.arguments import int_in
 from bear.common.config_sources import given_value
 from bear.core.case import CaseError, parse_case, result_to_json
 from bear.core.replay import ReplayEngine, estimate, prepare, replay
+from bear.core.result import ReplayResult
 from bear.core.state import InvalidState
 
 EXIT_BAD_INPUT = 2
 MAX_REPEAT = 10_000_000  # --repeat at most: about a minute of estimates
+REPEAT_BUDGET_S = 60.0  # --repeat stops after this long (a case of long replays would take days at the most runs)
+# Scheduled (request, tokens) entries printed at most (~30 MB of JSON): a long replay of many residents would hold
+# and print gigabytes (a batch per step, every running request in each).
+MAX_PRINTED_ENTRIES = 2_000_000
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -28,7 +33,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("case", type=_case_path, help="case file (JSON, see docs/replay-case.md)")
     parser.add_argument("--repeat", type=int_in(1, MAX_REPEAT), metavar="N",
                         help=f"also print mean_estimate_us: mean wall time of one production-path estimate over N "
-                        f"runs (at most {MAX_REPEAT})")
+                        f"runs (at most {MAX_REPEAT}; fewer, as estimate_runs says, if they take over "
+                        f"{REPEAT_BUDGET_S:g} s)")
     parser.add_argument("--engine", choices=[e.value for e in ReplayEngine], default=ReplayEngine.NATIVE.value,
                         help="replay engine for the printed result (default: native)")
     parser.set_defaults(handler=run)
@@ -41,13 +47,31 @@ def _case_path(text: str) -> Path:
 def run(args: argparse.Namespace) -> int:
     try:
         case = parse_case(_read_json(args.case))
-        result = replay(case.state, case.query, case.coefficients, horizon_s=case.horizon_s, record_batches=True,
-                        query_cached_tokens=case.query_cached_tokens, engine=ReplayEngine(args.engine))
-        output = result_to_json(result)
+        engine = ReplayEngine(args.engine)
+
+        def run_case(engine: ReplayEngine, record_batches: bool) -> ReplayResult:
+            return replay(case.state, case.query, case.coefficients, horizon_s=case.horizon_s,
+                          record_batches=record_batches, query_cached_tokens=case.query_cached_tokens, engine=engine)
+
+        # First without the batches (the compiled core holds nothing then): what recording them would hold.
+        counted = run_case(ReplayEngine.NATIVE, False)
+        entries = counted.num_batches * (len(case.state.running) + len(case.state.waiting) + 1)
+        if entries <= MAX_PRINTED_ENTRIES:
+            output = result_to_json(run_case(engine, True))
+        else:
+            size = f"{counted.num_batches} batches of up to {entries // counted.num_batches} requests"
+            if engine is ReplayEngine.REFERENCE:  # it holds every batch whatever it prints
+                return _bad_input(f"the case replays {size}, more than the reference engine is run on here "
+                                  f"({MAX_PRINTED_ENTRIES} scheduled entries): use --engine native")
+            output = result_to_json(counted)
+            output["num_batches"] = counted.num_batches
+            output["batches_omitted"] = f"{size}: more than the {MAX_PRINTED_ENTRIES} scheduled entries printed"
     except (CaseError, InvalidState) as error:
         return _bad_input(str(error))
     if args.repeat:
-        output["mean_estimate_us"] = _mean_estimate_us(case, args.repeat)
+        output["mean_estimate_us"], runs = _mean_estimate_us(case, args.repeat)
+        if runs < args.repeat:
+            output["estimate_runs"] = runs
     print(json.dumps(output, allow_nan=False))
     return 0
 
@@ -84,14 +108,20 @@ def _no_key_twice(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return document
 
 
-def _mean_estimate_us(case, repeat: int) -> float:
-    """The production path: the state prepared once (as the estimator does per snapshot), then estimates only."""
+def _mean_estimate_us(case, repeat: int) -> tuple[float, int]:  # noqa: ANN001 - bear.core.case.Case
+    """The production path: the state prepared once (as the estimator does per snapshot), then estimates only; the
+    mean over `repeat` runs, or over those done within REPEAT_BUDGET_S, and their number."""
     prepared = prepare(case.state)
     start = time.perf_counter_ns()
-    for _ in range(repeat):
+    budget_ns = start + int(REPEAT_BUDGET_S * 1e9)
+    runs = 0
+    while runs < repeat:
         estimate(prepared, case.query, case.coefficients, horizon_s=case.horizon_s,
                  query_cached_tokens=case.query_cached_tokens)
-    return (time.perf_counter_ns() - start) / repeat / 1000.0
+        runs += 1
+        if runs % 64 == 0 and time.perf_counter_ns() > budget_ns:  # a clock read per run would cost ~5% of one
+            break
+    return (time.perf_counter_ns() - start) / runs / 1000.0, runs
 
 
 def _bad_input(message: str) -> int:

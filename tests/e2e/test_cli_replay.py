@@ -38,6 +38,24 @@ def test_repeat_adds_the_mean_production_estimate_time(tmp_path: Path) -> None:
     assert reference["batches"] == printed["batches"] and reference["ttft_s"] == printed["ttft_s"]
 
 
+def test_a_replay_too_long_to_print_gives_its_result_without_the_batches(tmp_path: Path) -> None:
+    """1,000 requests filling max_num_seqs, 20,000 tokens each still to write: the query waits ~20,000 steps of 1,000
+    requests each, which printed would be gigabytes of memory and hundreds of MB of JSON."""
+    running = [{"id": f"r{i}", "num_prompt_tokens": 10, "num_computed_tokens": 10, "num_output_tokens": 1,
+                "remaining_output_tokens": 20_000, "num_allocated_blocks": 1} for i in range(1000)]
+    case = tmp_path / "case.json"
+    engine = {**EXAMPLE["engine"], "max_num_seqs": 1000, "num_gpu_blocks": 2_000_000}
+    case.write_text(json.dumps({**EXAMPLE, "engine": engine, "running": running, "waiting": [],
+                                "free_blocks": 2_000_000 - 1000}))
+    completed = _bear("replay", str(case))
+    assert completed.returncode == 0, completed.stderr
+    printed = json.loads(completed.stdout)
+    assert printed["status"] == "first_token" and printed["first_token_batch"] == printed["num_batches"] > 19_000
+    assert printed["batches"] == [] and "more than the 2000000 scheduled entries printed" in printed["batches_omitted"]
+    refused = _bear("replay", str(case), "--engine", "reference")
+    assert refused.returncode == 2 and "use --engine native" in refused.stderr and "Traceback" not in refused.stderr
+
+
 def test_an_infeasible_query_is_reported_not_failed(tmp_path: Path) -> None:
     case = tmp_path / "case.json"
     case.write_text(json.dumps(_with("query.num_prompt_tokens", 40000)))
