@@ -481,6 +481,9 @@ def _validate_outcome(outcome: Outcome) -> None:
         if not (math.isfinite(value) and 0 <= value <= MAX_OBSERVED_MS):
             raise InvalidQuery(name, f"must be a number of milliseconds in [0, {MAX_OBSERVED_MS:g}] (0: unknown), "
                                      f"got {value!r}")
+    if 0 < outcome.observed_e2e_ms < outcome.observed_ttft_ms:  # both from the dispatch: the end comes after the first
+        raise InvalidQuery("observed_e2e_ms", f"{outcome.observed_e2e_ms!r} ms is before the first token "
+                                              f"(observed_ttft_ms {outcome.observed_ttft_ms!r} ms)")
 
 
 def _failed(span: trace.Span, error: DependencyUnavailable) -> None:

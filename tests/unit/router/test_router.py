@@ -536,6 +536,7 @@ def test_a_repeated_report_is_answered_but_counted_once_and_an_unknown_ttft_is_n
 @pytest.mark.parametrize(("outcome", "field"), [
     (Outcome("q", 1e308), "observed_ttft_ms"),
     (Outcome("q", 100.0, 5, math.inf), "observed_e2e_ms"),
+    (Outcome("q", 100.0, 5, 99.0), "observed_e2e_ms"),  # the last token before the first
     (Outcome("q" * 1000, 100.0), "request_id"),
     (Outcome("a b", 100.0), "request_id"),
 ])
