@@ -29,14 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bear.common.config_sources import (
-    env_float,
-    env_int,
-    env_optional_port,
-    grpc_target_problem,
-    layered_environ,
-    shutdown_grace_problem,
-)
+from bear.common.config_sources import (env_float, env_int, env_optional_port, grpc_target_problem, layered_environ,
+                                        shutdown_grace_problem)
 from bear.common.redis_config import ENVIRONMENT as REDIS_ENVIRONMENT
 from bear.common.redis_config import RedisConfig
 from bear.discovery.config import ENVIRONMENT as DISCOVERY_ENVIRONMENT

@@ -92,6 +92,12 @@ def _stream(channel: grpc.aio.Channel, traced: bool = False) -> CallStream[Any, 
     return CallStream(channel, METHOD, estimator_pb2.EstimateCall, estimator_pb2.EstimateResult, traced=traced)
 
 
+def _raw_stream(channel: grpc.aio.Channel) -> grpc.aio.StreamStreamCall:
+    """The stream method called directly, its messages written and read by the test."""
+    return channel.stream_stream(METHOD, request_serializer=estimator_pb2.EstimateCall.SerializeToString,
+                                 response_deserializer=estimator_pb2.EstimateResult.FromString)()
+
+
 def run(scenario: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(asyncio.wait_for(scenario(), 60))
 
@@ -356,8 +362,7 @@ def test_a_call_id_already_in_flight_on_the_stream_is_refused_and_free_again_onc
     async def scenario() -> None:
         server = await Server(Servicer()).start()
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-            call = channel.stream_stream(METHOD, request_serializer=estimator_pb2.EstimateCall.SerializeToString,
-                                         response_deserializer=estimator_pb2.EstimateResult.FromString)()
+            call = _raw_stream(channel)
             for query_id in ("sleep:0.2", "again"):
                 await call.write(estimator_pb2.EstimateCall(call_id=7, request=_request(query_id)))
             refused, answered = await call.read(), await call.read()
@@ -376,8 +381,7 @@ def test_a_deadline_no_time_can_be_made_of_is_refused_and_the_stream_goes_on() -
     async def scenario() -> None:
         server = await Server(Servicer()).start()
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-            call = channel.stream_stream(METHOD, request_serializer=estimator_pb2.EstimateCall.SerializeToString,
-                                         response_deserializer=estimator_pb2.EstimateResult.FromString)()
+            call = _raw_stream(channel)
             for call_id, timeout_ms in enumerate((-1.0, float("nan"), float("inf"), 0.0, 5000.0)):
                 await call.write(estimator_pb2.EstimateCall(
                     call_id=call_id, request=_request(f"deadline-{call_id}"), timeout_ms=timeout_ms))
