@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from bear.cli.arguments import int_in
+from bear.common import strict_json
 from bear.common.config_sources import given_value
 from bear.core.case import CaseError, parse_case, result_to_json
 from bear.core.replay import ReplayEngine, estimate, prepare, replay
@@ -86,26 +87,9 @@ def _read_json(path: Path) -> object:
         raise CaseError(f"case: {path} is not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset "
                         f"{error.start})") from None
     try:
-        return json.loads(text, object_pairs_hook=_no_key_twice)
-    except CaseError:
-        raise
-    except json.JSONDecodeError as error:
-        raise CaseError(f"case: not valid JSON: {error}") from None
-    except RecursionError:
-        raise CaseError(f"case: not valid JSON: {path} nests arrays or objects too deeply") from None
-    except ValueError as error:  # an integer literal of more digits than Python converts
-        reason = str(error).split(";")[0]  # without its advice to raise the interpreter's limit
-        raise CaseError(f"case: not valid JSON: {reason}") from None
-
-
-def _no_key_twice(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    """A JSON object; a key given twice (json keeps the last one silently) is an error."""
-    document: dict[str, object] = {}
-    for key, value in pairs:
-        if key in document:
-            raise CaseError(f"case: the key {key!r} is given twice in one object")
-        document[key] = value
-    return document
+        return strict_json.loads(text)
+    except strict_json.JsonError as error:
+        raise CaseError(f"case: {error}") from None
 
 
 def _mean_estimate_us(case, repeat: int) -> tuple[float, int]:  # noqa: ANN001 - bear.core.case.Case

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from bear.common import strict_json
 from bear.common.messages import shown
 
 REQUIRED_COLUMNS = ("prompt", "model", "score", "output_tokens")
@@ -173,39 +174,14 @@ def _jsonl_columns(path: Path) -> dict[str, list[Any]]:
     lines = [line for line in path.read_text(encoding="utf-8-sig").split("\n") if line.strip()]
     for i, line in enumerate(lines):
         try:
-            record = json.loads(line, object_pairs_hook=_no_key_twice)
-        except _KeyTwice as error:
-            raise EvalsError(f"evals row {i + 1}: the key {shown(error.key)} is given twice") from None
-        except json.JSONDecodeError as error:
-            raise EvalsError(f"evals row {i + 1}: not valid JSON: {error}") from None
-        except RecursionError:
-            raise EvalsError(f"evals row {i + 1}: not valid JSON: it nests arrays or objects too deeply") from None
-        except ValueError as error:  # an integer literal of more digits than Python converts
-            reason = str(error).split(";")[0]  # without its advice to raise the interpreter's limit
-            raise EvalsError(f"evals row {i + 1}: not valid JSON: {reason}") from None
+            record = strict_json.loads(line)
+        except strict_json.JsonError as error:
+            raise EvalsError(f"evals row {i + 1}: {error}") from None
         if not isinstance(record, dict):
             raise EvalsError(f"evals row {i + 1}: expected a JSON object")
         for name in {*columns, *record}:
             columns.setdefault(name, [None] * i).append(record.get(name))
     return columns
-
-
-class _KeyTwice(Exception):
-    """Raised out of json.loads by _no_key_twice; the caller names the row."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
-def _no_key_twice(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object; a key given twice (json keeps the last one silently) is an error."""
-    record: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in record:
-            raise _KeyTwice(key)
-        record[key] = value
-    return record
 
 
 def _format(path: Path, what: str = "evals") -> str:

@@ -43,13 +43,13 @@ BEAR_DISCOVERY, BEAR_NAMESPACE, BEAR_POOLS_FILE, ...). Tracing follows the stand
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from bear.common import strict_json
 from bear.common.config_sources import (
     env_bool,
     env_float,
@@ -210,9 +210,9 @@ def _policy_params(text: str) -> dict[str, dict[str, Any]]:
     if not text.strip():
         return {}
     try:
-        params = json.loads(text)
-    except (ValueError, RecursionError) as error:  # JSONDecodeError; an integer of > 4300 digits; deep nesting
-        raise ValueError(f"BEAR_ROUTER_POLICY_PARAMS must be JSON: {error}") from None
+        params = strict_json.loads(text)
+    except strict_json.JsonError as error:
+        raise ValueError(f"BEAR_ROUTER_POLICY_PARAMS: {error}") from None
     if not isinstance(params, dict) or not all(isinstance(p, dict) for p in params.values()):
         raise ValueError('BEAR_ROUTER_POLICY_PARAMS must map policy names to parameters, e.g. {"bear": {"safety": 1.1}}')
     return params

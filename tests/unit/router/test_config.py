@@ -50,8 +50,10 @@ def test_policy_parameters_are_json() -> None:
     config = load({}, environ={"BEAR_ROUTER_POLICY_PARAMS": '{"bear": {"safety": 1.2, "fallback": "shed"}}'})
     assert config.policy_params == {"bear": {"safety": 1.2, "fallback": "shed"}}
     for text in ("{bear", "[" * 100_000, '{"bear": {"safety": ' + "1" * 5000 + "}}"):  # deep; > 4300 digits
-        with pytest.raises(ValueError, match="BEAR_ROUTER_POLICY_PARAMS must be JSON"):
+        with pytest.raises(ValueError, match="BEAR_ROUTER_POLICY_PARAMS: not valid JSON"):
             load({}, environ={"BEAR_ROUTER_POLICY_PARAMS": text})
+    with pytest.raises(ValueError, match="BEAR_ROUTER_POLICY_PARAMS: the key 'bear' is given twice"):
+        load({}, environ={"BEAR_ROUTER_POLICY_PARAMS": '{"bear": {}, "bear": {"safety": 1.2}}'})
     with pytest.raises(ValueError, match="BEAR_ROUTER_POLICY_PARAMS must map"):
         load({}, environ={"BEAR_ROUTER_POLICY_PARAMS": '{"bear": 1}'})
 
