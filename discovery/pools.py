@@ -28,7 +28,6 @@ be a subset of another's (every pod of the narrower pool would match both). Ever
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ from urllib.parse import SplitResult, urlsplit
 
 import yaml
 
+from bear.common.prices import MAX_USD_PER_MTOK, price_ok
 from bear.common.yaml_files import load_yaml
 
 DEFAULT_HTTP_PORT = 8000
@@ -245,8 +245,9 @@ def _has_valid_port(parts: SplitResult, required: bool = False) -> bool:
 def _price(entry: Mapping[str, Any], key: str, where: str) -> float:
     value = entry.get(key, 0.0)
     is_number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not is_number or not 0 <= value <= sys.float_info.max:  # also refuses .nan, .inf and huge integers
-        raise PoolsFileError(f"{where}.{key} must be a finite number >= 0 (USD per million tokens), got {value!r}")
+    if not is_number or not price_ok(value):  # also refuses .nan, .inf and huge integers
+        raise PoolsFileError(f"{where}.{key} must be a number in [0, {MAX_USD_PER_MTOK:g}] (USD per million tokens), "
+                             f"got {value!r}")
     return float(value)
 
 

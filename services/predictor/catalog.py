@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from bear.common.messages import shown
+from bear.common.prices import MAX_USD_PER_MTOK
 
 TOKENS_PER_MTOK = 1_000_000
-MAX_USD_PER_MTOK = 1e6  # a price above a million USD per million tokens is a typo; below it, every cost stays finite
 MAX_NUMBER = 1e300  # the catalogue's other numbers: finite, with room for the features' arithmetic
 DEFAULT_TOKENIZER = "qwen"
 

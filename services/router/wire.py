@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from bear.common.prices import price_ok
 from bear.router.decision import DispatchRecord, Outcome, RouteResult
 from bear.router.pool import Registration
 from bear.router.query import RouteQuery
@@ -112,6 +113,9 @@ def estimate_from_proto(e: estimator_pb2.InstanceEstimate) -> InstanceEstimate:
 
 def registration_from_bytes(payload: bytes) -> Registration:
     r = snapshot_pb2.InstanceRegistration.FromString(payload)
+    for name in ("input_usd_per_million_tokens", "output_usd_per_million_tokens"):
+        if not price_ok(getattr(r, name)):  # a sidecar's settings refuse it: not a registration BEAR wrote
+            raise ValueError(f"{name} is {getattr(r, name):g}")
     return Registration(r.instance_id, r.pool, r.model, r.endpoint, r.input_usd_per_million_tokens,
                         r.output_usd_per_million_tokens)
 

@@ -65,7 +65,7 @@ GOOD_CASES: dict[str, tuple[list[str], dict[str, Any]]] = {
     "names-that-look-like-scalars": ([], {"fullnameOverride": "bear", "pools": [
         _pool(name="8"), _pool(name="32", gpusPerReplica=2, tensorParallelSize=2), _pool(name="on"),
         _pool(name="null")]}),
-    "tiny-and-huge-prices": ([], {"pools": [_pool(prices={"inputPerMTokens": 1e-7, "outputPerMTokens": 2.5e21})]}),
+    "tiny-and-huge-prices": ([], {"pools": [_pool(prices={"inputPerMTokens": 1e-7, "outputPerMTokens": 1e6})]}),
     "model-path-ending-in-a-slash": ([], {"pools": [_pool(model="/cache/models/llama-3/")]}),
     "rediss-url-without-tls-enabled": ([], {"redis": {"enabled": False, "url": "rediss://redis.cache:6380/0",
                                                       "tls": {"enabled": False, "existingSecret": "redis-ca"}}}),
@@ -109,6 +109,9 @@ SCHEMA_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
     "misspelt-top-level-key": ({"pool": []}, "additional properties 'pool'"),
     "pool-without-prices": ({"pools": [{k: v for k, v in _pool().items() if k != "prices"}]}, "prices"),
     "negative-gpus": ({"pools": [_pool(gpusPerReplica=-1)]}, "gpusPerReplica"),
+    # over a million USD per million tokens: a typo (BEAR's services refuse it too)
+    "price-over-the-bound": ({"pools": [_pool(prices={"inputPerMTokens": 0.1, "outputPerMTokens": 1.5e6})]},
+                             "outputPerMTokens"),
     "gpu-memory-over-1": ({"pools": [_pool(engine={"gpuMemoryUtilization": 1.5})]}, "gpuMemoryUtilization"),
     "fractional-batch-budget": ({"pools": [_pool(engine={"maxNumBatchedTokens": 10.5})]}, "maxNumBatchedTokens"),
     "pool-name-not-a-dns-label": ({"pools": [_pool(name="Large_Pool")]}, "name"),
@@ -502,11 +505,11 @@ def test_names_that_yaml_would_read_as_numbers_or_booleans_stay_strings(reports:
 
 
 def test_prices_of_any_size_reach_the_pools_file_and_the_sidecar_as_numbers(reports: dict[str, Any]) -> None:
-    report = reports["tiny-and-huge-prices"]
+    report = reports["tiny-and-huge-prices"]  # the largest price allowed: Go writes 1e+06
     (pool,) = pools_file(report).values()
-    assert (pool.input_usd_per_mtok, pool.output_usd_per_mtok) == (1e-7, 2.5e21)
+    assert (pool.input_usd_per_mtok, pool.output_usd_per_mtok) == (1e-7, 1e6)
     sidecar = env(container(engines(report)["p"], "snapshotter"))
-    assert (float(sidecar["BEAR_INPUT_USD_PER_MTOK"]), float(sidecar["BEAR_OUTPUT_USD_PER_MTOK"])) == (1e-7, 2.5e21)
+    assert (float(sidecar["BEAR_INPUT_USD_PER_MTOK"]), float(sidecar["BEAR_OUTPUT_USD_PER_MTOK"])) == (1e-7, 1e6)
 
 
 def test_a_model_path_ending_in_a_slash_is_named_by_its_last_directory(reports: dict[str, Any]) -> None:

@@ -49,7 +49,8 @@ def test_every_setting_is_read() -> None:
     ({"BEAR_CALIBRATION_RECENT_STEPS": "-1"}, "BEAR_CALIBRATION_RECENT_STEPS"),
     ({"BEAR_CALIBRATION_RECENT_STEPS": "5000"}, "BEAR_CALIBRATION_RECENT_STEPS"),
     ({"BEAR_CALIBRATION_RECENT_STEPS": "eight"}, "BEAR_CALIBRATION_RECENT_STEPS"),
-    ({"BEAR_INPUT_USD_PER_MTOK": "-1"}, "BEAR_INPUT_USD_PER_MTOK must be a finite number >= 0"),
+    ({"BEAR_INPUT_USD_PER_MTOK": "-1"}, r"BEAR_INPUT_USD_PER_MTOK must be a number in \[0, 1e\+06\]"),
+    ({"BEAR_OUTPUT_USD_PER_MTOK": "2e6"}, r"BEAR_OUTPUT_USD_PER_MTOK must be a number in \[0, 1e\+06\]"),
     ({"BEAR_REDIS_URL": "http://r"}, "BEAR_REDIS_URL"),
     ({"BEAR_REDIS_TLS": "maybe"}, "BEAR_REDIS_TLS"),
     ({"BEAR_INSTANCE_ENDPOINT": "not a url"}, "BEAR_INSTANCE_ENDPOINT"),  # clients are sent there

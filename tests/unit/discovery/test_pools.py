@@ -106,9 +106,12 @@ def test_bad_pools_are_refused_with_the_field_named(document: Any, message: str)
         parse_pools(document)
 
 
-@pytest.mark.parametrize("text", [".inf", ".nan", "1" + "0" * 400], ids=["inf", "nan", "too-large-for-a-float"])
-def test_a_price_that_is_no_finite_number_is_refused_with_the_field_named(text: str) -> None:
-    with pytest.raises(PoolsFileError, match=r"pool small.output_usd_per_mtok must be a finite number >= 0"):
+@pytest.mark.parametrize("text", [".inf", ".nan", "1" + "0" * 400, "1e300", "-0.5"],
+                         ids=["inf", "nan", "too-large-for-a-float", "a-cost-that-overflows", "negative"])
+def test_a_price_out_of_bounds_is_refused_with_the_field_named(text: str) -> None:
+    # 1e300 USD per million tokens made a long prompt's cost infinite: 0 × inf utility (λ = 0) is NaN, and max() kept
+    # a leading NaN, so that instance won every decision
+    with pytest.raises(PoolsFileError, match=r"pool small.output_usd_per_mtok must be a number in \[0, 1e\+06\]"):
         parse_pools(yaml.safe_load(f"pools: [{{name: small, model: m, input_usd_per_mtok: 1, "
                                    f"output_usd_per_mtok: {text}}}]"))
 

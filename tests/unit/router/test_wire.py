@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import pytest
+
 from bear.router import wire
 from bear.router.decision import CandidateView, DispatchRecord, RouteResult
 from bear.routing.contract import Decision
@@ -93,3 +95,13 @@ def test_registrations() -> None:
                                                 output_usd_per_million_tokens=0.2).SerializeToString()
     registration = wire.registration_from_bytes(payload)
     assert (registration.instance_id, registration.model, registration.input_usd_per_mtok) == ("i", "m", 0.1)
+
+
+@pytest.mark.parametrize("price", [math.inf, math.nan, -5.0, 2e6])
+def test_a_registration_with_a_price_no_sidecar_writes_does_not_decode(price: float) -> None:
+    # An infinite price made the instance's utility NaN at λ = 0 (0 × inf), and max() kept a leading NaN: that
+    # instance won every decision. The store skips a value that does not decode, with a throttled warning.
+    payload = snapshot_pb2.InstanceRegistration(instance_id="i", model="m", endpoint="http://i",
+                                                output_usd_per_million_tokens=price).SerializeToString()
+    with pytest.raises(ValueError, match="output_usd_per_million_tokens is"):
+        wire.registration_from_bytes(payload)
