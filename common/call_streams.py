@@ -122,6 +122,14 @@ async def answer_unary(answer: Awaitable[Response], context: grpc.aio.ServicerCo
     except CallFailed as error:
         await context.abort(error.code, error.message)
         raise  # abort() raises: not reached
+    except asyncio.CancelledError:
+        # The caller's deadline passed or it cancelled, and gRPC cancelled this handler. OpenTelemetry's interceptor
+        # catches Exception only: without this, the call's server span would end as OK.
+        remaining = context.time_remaining()
+        expired = remaining is not None and remaining <= 0
+        code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+        _end_status(trace.get_current_span(), code, "the caller gave up before the answer", server=True)
+        raise
 
 class CallStreamServer(Generic[Request, Response]):
     """The handler of a stream of calls: each call answered by `answer` (the unary method's logic) in a task of its
@@ -207,6 +215,10 @@ class CallStreamServer(Generic[Request, Response]):
                 result.response.CopyFrom(response)
             except CallFailed as error:
                 result.error.code, result.error.message = error.code.name, error.message
+            except asyncio.CancelledError:  # a cancel message (nothing is written) or the stream's end
+                if span is not None:
+                    _end_status(span, grpc.StatusCode.CANCELLED, "the caller stopped waiting", server=True)
+                raise
             except Exception as error:  # noqa: BLE001 - as gRPC answers a unary handler's unexpected exception
                 logger.exception("%s: unexpected error", self._span_name)
                 result.error.code, result.error.message = "UNKNOWN", f"Unexpected {type(error).__name__}: {error}"

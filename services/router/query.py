@@ -17,6 +17,9 @@ MAX_REQUEST_ID_BYTES = 128  # the snapshot region keeps request ids up to this l
 # spaces or control characters, which HTTP would refuse or alter, and the estimator would then not recognise).
 _REQUEST_ID = re.compile(r"[!-~]+")
 MAX_WEIGHT = 1e9  # λ and δ above this only overflow utilities (λ·cost, δ·TTFT) to -inf, where every choice ties
+# allowed_models goes into the decision's span: bounded, so that one query cannot make a span no exporter sends
+MAX_ALLOWED_MODELS = 256
+MAX_MODEL_NAME_BYTES = 256
 
 
 class InvalidQuery(ValueError):
@@ -68,9 +71,16 @@ def validate(query: RouteQuery, limits: Limits, policies: frozenset[str]) -> Rou
                                      f"{', '.join(sorted(policies))}")
     if query.max_tokens is not None and query.max_tokens < 1:
         raise InvalidQuery("max_tokens", f"must be at least 1 when given, got {query.max_tokens}")
-    if any(not model for model in query.allowed_models):
-        raise InvalidQuery("allowed_models", "model names must not be empty")
-    return replace(query, request_id=request_id)
+    allowed_models = tuple(dict.fromkeys(query.allowed_models))  # a name given twice counts once
+    if len(allowed_models) > MAX_ALLOWED_MODELS:
+        raise InvalidQuery("allowed_models", f"{len(allowed_models)} distinct names exceed the limit of "
+                                             f"{MAX_ALLOWED_MODELS}")
+    for model in allowed_models:
+        if not model:
+            raise InvalidQuery("allowed_models", "model names must not be empty")
+        if len(model.encode("utf-8", errors="surrogatepass")) > MAX_MODEL_NAME_BYTES:
+            raise InvalidQuery("allowed_models", f"{shown(model)} is longer than {MAX_MODEL_NAME_BYTES} bytes")
+    return replace(query, request_id=request_id, allowed_models=allowed_models)
 
 
 def check_request_id(request_id: str) -> None:

@@ -48,7 +48,9 @@ class DispatchRecorder:
                 if self._tracing and traced else trace.INVALID_SPAN)
         if self._closed or len(self._pending) >= self._max_pending:
             self._metrics.unrecorded_dispatches.labels("closed" if self._closed else "queue-full").inc()
-            span.set_status(trace.StatusCode.ERROR, "router stopping" if self._closed else "dispatch queue full")
+            why = "router stopping" if self._closed else "dispatch queue full"
+            span.set_attribute("bear.error", why)
+            span.set_status(trace.StatusCode.ERROR, why)
             span.end()
             return
         self._pending.append((record, span, time.perf_counter()))
@@ -105,5 +107,6 @@ class DispatchRecorder:
         for _, span, queued_at in batch:
             stage.observe(written_at - queued_at)
             if error is not None:
+                span.set_attribute("bear.error", str(error))
                 span.set_status(trace.StatusCode.ERROR, str(error))
             span.end()

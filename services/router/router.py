@@ -318,18 +318,19 @@ class Router:
         missing = any(e.service != "estimator" or policy.estimator is not None for e in inputs.errors)
         errors = inputs.errors if missing else ()
         problems = [str(e) for e in errors]
-        if not problems:
-            try:
-                with self._telemetry.stage("choose"):
+        with self._telemetry.stage("choose") as span:  # one stage, whoever decides: its count is the decisions'
+            if not problems:
+                try:
                     return policy.choose(request, candidates), policy, ""
-            except Exception as error:  # noqa: BLE001 - a policy's failure must not fail the call
-                logger.exception("policy %s failed; deciding with the fallback", policy.name)
-                problems = [f"policy {policy.name} failed ({type(error).__name__}: {error})"]
-        has_queues = any(c.signals.num_resident is not None for c in candidates)
-        fallback = self._fallback if has_queues else self._last_resort
-        source = ("no queue lengths" if not has_queues else "queue lengths from the latest snapshots in Redis"
-                  if inputs.estimates is None else "queue lengths from the estimator")
-        with self._telemetry.stage("choose"):
+                except Exception as error:  # noqa: BLE001 - a policy's failure must not fail the call
+                    logger.exception("policy %s failed; deciding with the fallback", policy.name)
+                    problems = [f"policy {policy.name} failed ({type(error).__name__}: {error})"]
+                    span.set_attribute("bear.error", problems[0])
+                    span.set_status(trace.StatusCode.ERROR, problems[0])
+            has_queues = any(c.signals.num_resident is not None for c in candidates)
+            fallback = self._fallback if has_queues else self._last_resort
+            source = ("no queue lengths" if not has_queues else "queue lengths from the latest snapshots in Redis"
+                      if inputs.estimates is None else "queue lengths from the estimator")
             try:
                 choice = fallback.choose(request, candidates)
             except Exception:  # noqa: BLE001 - the configured fallback failed too: the last resort never does

@@ -6,6 +6,7 @@ Metrics live in the registry given (the process's default one in production, a f
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -171,6 +172,9 @@ class Telemetry:
                 yield span
             except InvalidQuery as error:
                 span.set_attribute("bear.refused", str(error))
+                raise
+            except asyncio.CancelledError:  # the caller gave up (its deadline, a cancellation) before the decision
+                span.set_attribute("bear.cancelled", True)
                 raise
             except Exception as error:
                 span.record_exception(error)

@@ -15,7 +15,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -209,6 +209,9 @@ def test_the_asyncio_client_can_make_unary_calls(stack: RouterStack) -> None:
     ({"ttft_slo_ms": 1e15}, "ttft_slo_ms"),
     ({"policy": "fastest-please"}, "policy"),
     ({"allowed_models": ["gpt-9"]}, "allowed_models"),
+    # the names go into the decision's span: one query must not make a span no exporter sends (a 4.8 MB one was seen)
+    ({"allowed_models": [f"m{i}" for i in range(257)]}, "allowed_models"),
+    ({"allowed_models": ["m" * 257]}, "allowed_models"),
     ({"lambda_per_micro_usd": -1.0}, "lambda_per_micro_usd"),
 ])
 def test_bad_input_is_invalid_argument_naming_the_field(stack: RouterStack, fields: dict[str, object],
@@ -261,7 +264,8 @@ def test_the_clients_deadline(stack: RouterStack) -> None:
 @pytest.mark.parametrize("streamed", [True, False])
 def test_the_asyncio_clients_deadline(stack: RouterStack, streamed: bool) -> None:
     """A call the client gave up on is given up by the router too (over the stream as with unary calls): no dispatch
-    is recorded for a query that was never sent, and its request id can be used again."""
+    is recorded for a query that was never sent, and its request id can be used again. Its spans say so."""
+    exporter = span_exporter()
     stack.estimator.behaviour.delay_s = 0.3  # the decision takes longer than the caller waits
 
     async def call() -> None:
@@ -271,6 +275,17 @@ def test_the_asyncio_clients_deadline(stack: RouterStack, streamed: bool) -> Non
             await asyncio.sleep(0.5)  # past the time the decision would have taken
             # the calls after it with time to spare (a loaded machine can take 0.1 s for a Route call)
             assert not (await client.report_outcome(f"late-{streamed}", observed_ttft_ms=1.0, timeout_s=10.0)).known
+            [route] = [s for s in exporter.get_finished_spans()
+                       if s.name == "bear.route" and s.attributes["bear.request_id"] == f"late-{streamed}"]
+            assert route.attributes["bear.cancelled"] is True and "bear.decision" not in route.attributes
+            # The call's server span (a unary call's ended as OK, a streamed one's with no status): a unary call
+            # sees its deadline; over a stream, the client's cancel message at its deadline (CANCELLED) or the
+            # server's own timer for the call (DEADLINE_EXCEEDED, an error), whichever comes first.
+            server = next(s for s in exporter.get_finished_spans() if s.context.span_id == route.parent.span_id)
+            code = server.attributes["rpc.grpc.status_code"]
+            expired, cancelled = grpc.StatusCode.DEADLINE_EXCEEDED.value[0], grpc.StatusCode.CANCELLED.value[0]
+            assert code in ({expired, cancelled} if streamed else {expired})
+            assert (server.status.status_code is StatusCode.ERROR) == (code == expired)
             stack.estimator.behaviour.delay_s = 0.0
             decision = await client.route("Summarize.", ttft_slo_ms=100.0, request_id=f"late-{streamed}",
                                           timeout_s=10.0)
@@ -310,7 +325,8 @@ def test_each_decision_is_a_span_with_its_candidates_and_the_context_reaches_the
         stack: RouterStack) -> None:
     exporter = span_exporter()
     exporter.clear()
-    decision = stack.route(ttft_slo_ms=250.0, request_id="traced-1")
+    models = ["Qwen3-8B", "Qwen3-0.6B", "Qwen3-32B"]
+    decision = stack.route(ttft_slo_ms=250.0, request_id="traced-1", allowed_models=models * 2000)
     stack.flush()  # the record's span ends once the record is in Redis
     spans = exporter.get_finished_spans()
     route = next(s for s in spans if s.name == "bear.route" and s.attributes["bear.request_id"] == "traced-1")
@@ -318,6 +334,7 @@ def test_each_decision_is_a_span_with_its_candidates_and_the_context_reaches_the
     assert route.attributes["bear.instance_id"] == decision.instance_id
     assert (route.attributes["bear.ttft_slo_ms"], route.attributes["bear.policy"]) == (250.0, "bear")
     assert route.attributes["bear.prompt_tokens"] == 9 and route.attributes["bear.degraded"] is False
+    assert list(route.attributes["bear.allowed_models"]) == models  # each name once, as given first
     events = {e.attributes["bear.instance_id"]: e.attributes for e in route.events if e.name == "bear.candidate"}
     assert set(events) == {"small-0", "medium-0", "large-0"}
     assert events["large-0"]["bear.predicted_ttft_ms"] == 300.0 and events["large-0"]["bear.feasible"] is False

@@ -263,6 +263,10 @@ def test_a_policy_that_raises_is_replaced_by_the_fallback() -> None:
     result = route(harness)
     assert result.degraded and "policy broken failed (ZeroDivisionError: bug)" in result.degraded_reason
     assert harness.metric("bear_router_fallbacks_total", reason="policy-error", policy="shortest-queue") == 1
+    # one choose stage, as for any decision (it was counted twice: the policy's try, then the fallback's)
+    assert harness.metric("bear_router_stage_seconds_count", stage="choose") == 1
+    [choose] = [s for s in harness.spans.get_finished_spans() if s.name == "bear.choose"]
+    assert choose.attributes["bear.error"] == "policy broken failed (ZeroDivisionError: bug)"
 
 
 def test_a_predictor_without_the_pools_models_counts_as_unavailable() -> None:
@@ -327,6 +331,7 @@ def test_redis_down_loses_the_record_but_not_the_decision() -> None:
     assert harness.metric("bear_router_unrecorded_dispatches_total", reason="redis-unavailable") == 1
     record = next(s for s in harness.spans.get_finished_spans() if s.name == "bear.record")
     assert not record.status.is_ok and "redis unavailable" in record.status.description
+    assert record.attributes["bear.error"] == record.status.description  # as every failed stage says it
 
 
 def test_no_ready_instance_is_no_instances() -> None:
