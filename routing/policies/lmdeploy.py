@@ -38,5 +38,7 @@ class LmdeployProxy:
             scores.append(Score(c.instance_id, c.utility(request.lambda_per_micro_usd), -expected,
                                 latency_s=None if math.isinf(expected) else expected))
         chosen = max(scores, key=lambda s: (s.score, s.utility))
-        return Choice(chosen.instance_id, Decision.ROUTE, "least unfinished requests per measured request/s",
-                      tuple(scores))
+        why = "least unfinished requests per measured request/s"
+        if not measured:
+            why += " (no throughput measured: least unfinished requests)"
+        return Choice(chosen.instance_id, Decision.ROUTE, why, tuple(scores))

@@ -91,3 +91,5 @@ def test_lmdeploy_picks_the_least_unfinished_requests_per_throughput(rows, expec
 
     assert choice.instance_id == expected
     assert list(scores_by_id(choice).values()) == pytest.approx([-latency for latency in latencies])
+    measured = any(rps for _, _, _, rps in rows)  # the reason says when no throughput was measured
+    assert choice.reason.endswith("(no throughput measured: least unfinished requests)") is not measured
