@@ -22,8 +22,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "OnTimeUtility, SLO attainment, routing mix and Route latency. The first run also trains the predictor on "
         "the synthetic evaluation table (cached).")
     parser.add_argument("--duration", type=_seconds, default=60.0, metavar="SECONDS",
-                        help="seconds of traffic, warm-up included, shared equally by the policies (default 60, "
-                             "at most a day)")
+                        help="seconds of traffic, warm-up included, shared equally by the policies (default 60; "
+                             "at least 10, at most a day)")
     parser.add_argument("--rate", type=_rate, default=20.0, metavar="QPS",
                         help="Poisson arrival rate, queries per second (default 20; the pool saturates near 40)")
     parser.add_argument("--policies", default="bear,score,routebalance",

@@ -477,7 +477,7 @@ def _print_results(report: dict[str, Any], config: DemoConfig, out: TextIO) -> N
               f"--duration.", file=out)
     print("SLO met: TTFT from the Route call to the first token (routing included). TTFT est. error: mean absolute "
           "error of the TTFT predicted for the chosen instance, relative to the TTFT measured there (from the "
-          "query's arrival).", file=out)
+          "query's arrival at the instance).", file=out)
 
 
 def _ms(value: float | None) -> str:

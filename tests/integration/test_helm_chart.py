@@ -576,7 +576,10 @@ def test_router_estimator_and_predictor_are_wired_to_each_other(reports: dict[st
     app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
     assert predictor["image"] == f"ghcr.io/bear-router/bear-predictor:{app_version}"  # the BEAR image's + -predictor
     assert env(predictor)["BEAR_PREDICTOR_MODEL_DIR"] == "/opt/bear/predictor"
-    assert "docker build -f docker/predictor.Dockerfile" in report["manifests"]["bear/templates/NOTES.txt"]
+    # the notes' build command tags the image the chart runs (it said `-t IMAGE`)
+    build = (f"docker build -f docker/predictor.Dockerfile --build-arg BEAR_IMAGE=ghcr.io/bear-router/bear:{app_version}"
+             f" -t ghcr.io/bear-router/bear-predictor:{app_version} predictor/")
+    assert build in report["manifests"]["bear/templates/NOTES.txt"]
     assert component(report, "StatefulSet", "redis")["spec"]["serviceName"] == services["redis"]["metadata"]["name"]
 
 

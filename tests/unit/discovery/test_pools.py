@@ -116,6 +116,13 @@ def test_a_price_out_of_bounds_is_refused_with_the_field_named(text: str) -> Non
                                    f"output_usd_per_mtok: {text}}}]"))
 
 
+def test_the_documented_example_loads() -> None:
+    example = Path(__file__).parents[3] / "docs" / "examples" / "pools.yaml"  # README: the router's section
+    pools = load_pools_file(example)
+    assert [(p.name, p.model, [i.instance_id for i in p.instances]) for p in pools] == [
+        ("small", "Qwen3-0.6B", ["small-0"]), ("medium", "Qwen3-8B", ["medium-0"]), ("large", "Qwen3-32B", ["large-0"])]
+
+
 def test_unreadable_or_non_yaml_files_are_refused(tmp_path: Path) -> None:
     with pytest.raises(PoolsFileError, match="cannot read"):
         load_pools_file(tmp_path / "missing.yaml")
