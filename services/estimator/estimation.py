@@ -278,8 +278,9 @@ class Estimator:
             instance = self._instances[instance_id]
             snapshot, age = instance.snapshot, None
             if snapshot is not None:
-                # An idle engine writes nothing new: its state is as old as the last time it was found current.
-                age = now_s - max(snapshot.taken_at_s, snapshot.read_at_s)
+                # An idle engine writes nothing new: its state is as old as the last time it was found current. A
+                # snapshot ahead of this clock (the engine's host's clock ahead, within MAX_CLOCK_AHEAD_S) is new.
+                age = max(0.0, now_s - max(snapshot.taken_at_s, snapshot.read_at_s))
             calibration, borrowed_from = instance.calibration, ""
             if calibration is None and snapshot is not None and age is not None and age <= max_age_s:
                 borrowed_from, calibration = self._peer_calibration(instance_id, instance, snapshot)
@@ -289,7 +290,10 @@ class Estimator:
             replayable.append((instance_id, calibration, borrowed_from))
             ages.append(age)
             cached = _cache_hit(instance, snapshot.engine, prefix_hashes, now_s, query.num_prompt_tokens)
-            targets.append(self._target(instance, calibration, snapshot, query, now_s - snapshot.taken_at_s, cached))
+            # the query arrives at the snapshot or after it, never before (a clock ahead by 4 s put it 4 s before,
+            # and the replay's TTFT counted those 4 s)
+            since_taken_s = max(0.0, now_s - snapshot.taken_at_s)
+            targets.append(self._target(instance, calibration, snapshot, query, since_taken_s, cached))
         for (instance_id, calibration, borrowed_from), age, target, result in zip(
                 replayable, ages, targets, _replay_each(query, targets, horizon_s), strict=True):
             if isinstance(result, InvalidState):
