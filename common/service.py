@@ -60,6 +60,9 @@ def receive_limit(max_field_bytes: int) -> int:
     return min(2**31 - 1, max(2 * GRPC_DEFAULT_MAX_RECEIVE_BYTES, 2 * max_field_bytes + 1024 * 1024))
 
 
+HEALTH_WATCH = "/grpc.health.v1.Health/Watch"
+
+
 class ServiceStartError(Exception):
     """The server could not start; the message names the command, the flag and the address."""
 
@@ -204,15 +207,22 @@ class RunningServer:
         await stopped
 
 
+def _spanned(details: grpc.HandlerCallDetails) -> bool:
+    """Which calls OpenTelemetry's server interceptor spans: not a stream of calls (spanned call by call), nor health
+    Watch, whose handler writes with context.write where the interceptor takes a server stream's handler for an async
+    generator (the call failed UNKNOWN with a TypeError)."""
+    from bear.common.call_streams import not_a_call_stream
+
+    return not_a_call_stream(details) and details.method != HEALTH_WATCH
+
+
 async def start_server(settings: ServerSettings, register: Register, on_stop: Iterable[OnStop] = ()) -> RunningServer:
     """Builds and starts the server (call from the event loop that will run it); `on_stop` runs when it stops."""
     from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
-    from bear.common.call_streams import not_a_call_stream
-
     # With OTEL_SDK_DISABLED the tracer is a no-op: the interceptor would cost each call time for nothing.
     traced = not isinstance(trace.get_tracer(__name__), trace.NoOpTracer)
-    server = grpc.aio.server(interceptors=[aio_server_interceptor(filter_=not_a_call_stream)] if traced else [],
+    server = grpc.aio.server(interceptors=[aio_server_interceptor(filter_=_spanned)] if traced else [],
                              options=[*SERVER_OPTIONS,
                                       ("grpc.max_receive_message_length", settings.max_receive_message_bytes)])
     guarded = _GuardedRegistration(server)

@@ -299,6 +299,12 @@ def test_health_and_reflection(stack: RouterStack) -> None:
         health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME),
                                                            timeout=5)
         assert health.status == health_pb2.HealthCheckResponse.SERVING
+        # Watch, as gRPC's client-side health checking calls it (it failed UNKNOWN with tracing on: OpenTelemetry's
+        # interceptor took its handler, which writes with context.write, for an async generator)
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=SERVICE_NAME),
+                                                          timeout=5)
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+        watch.cancel()
         reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
         replies = reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
                                                   timeout=5)
