@@ -118,7 +118,7 @@ def _status(name: str) -> grpc.StatusCode:
 async def answer_unary(answer: Awaitable[Response], context: grpc.aio.ServicerContext) -> Response:
     """The unary method's body over the answer its stream twin uses: `CallFailed` becomes the call's status."""
     try:
-        return await answer
+        response = await answer
     except CallFailed as error:
         await context.abort(error.code, error.message)
         raise  # abort() raises: not reached
@@ -130,6 +130,11 @@ async def answer_unary(answer: Awaitable[Response], context: grpc.aio.ServicerCo
         code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
         _end_status(trace.get_current_span(), code, "the caller gave up before the answer", server=True)
         raise
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0:  # answered without yielding (gRPC could not cancel it) but too late
+        await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+    return response
+
 
 class CallStreamServer(Generic[Request, Response]):
     """The handler of a stream of calls: each call answered by `answer` (the unary method's logic) in a task of its
@@ -241,10 +246,14 @@ class CallStreamServer(Generic[Request, Response]):
             raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT,
                              f"timeout_ms must be a number of milliseconds > 0 (0: no deadline), got {timeout_ms!r}")
         try:
-            async with asyncio.timeout(timeout_ms / 1000):
-                return await self._answer(call.request)
+            async with asyncio.timeout(timeout_ms / 1000) as deadline:
+                response = await self._answer(call.request)
         except TimeoutError:
             raise CallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
+        when = deadline.when()
+        if when is not None and asyncio.get_running_loop().time() > when:  # answered without yielding, too late
+            raise CallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        return response
 
     def _span(self, call: _CallMessage, traced: bool) -> AbstractContextManager[trace.Span | None]:
         if not traced:

@@ -42,6 +42,8 @@ async def _answer(request: estimator_pb2.EstimateRequest) -> estimator_pb2.Estim
         raise CallFailed(grpc.StatusCode[argument], f"failed as told ({argument})")
     elif kind == "boom":
         raise RuntimeError("boom")
+    elif kind == "block":
+        time.sleep(float(argument))  # an answer that never yields (the estimator's replay): nothing can cancel it
     ANSWERED.append(request.query_id)
     return estimator_pb2.EstimateResponse(estimates=[estimator_pb2.InstanceEstimate(instance_id=request.query_id)])
 
@@ -395,6 +397,36 @@ def test_a_deadline_no_time_can_be_made_of_is_refused_and_the_stream_goes_on() -
         await server.kill()
 
     run(scenario)
+
+
+def test_an_answer_that_never_yields_and_ends_past_the_deadline_is_deadline_exceeded() -> None:
+    """The proto's promise (the call is given up once its deadline passes) for an answer nothing could cancel: over a
+    stream it was written as a success, and a unary call's server span said OK while the caller got
+    DEADLINE_EXCEEDED."""
+    from tests.router_stack import span_exporter
+
+    exporter = span_exporter()
+    exporter.clear()  # the spans of the tests before
+
+    async def scenario() -> None:
+        server = await Server(Servicer()).start()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            call = _raw_stream(channel)
+            await call.write(estimator_pb2.EstimateCall(call_id=1, request=_request("block:0.3"), timeout_ms=100))
+            result = await call.read()
+            assert (result.error.code, result.error.message) == ("DEADLINE_EXCEEDED", "Deadline Exceeded")
+            await call.done_writing()
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await estimator_pb2_grpc.EstimatorStub(channel).Estimate(_request("block:0.3"), timeout=0.1)
+            assert failed.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+            await asyncio.sleep(0.3)  # the server's span of the unary call ends
+        await server.kill()
+
+    run(scenario)
+    [unary] = [s for s in exporter.get_finished_spans()
+               if s.name == "/bear.v1.Estimator/Estimate" and s.kind is trace.SpanKind.SERVER]
+    assert unary.attributes["rpc.grpc.status_code"] == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+    assert unary.status.status_code is trace.StatusCode.ERROR
 
 
 def test_shutdown_answers_the_calls_in_flight_and_ends_the_streams_without_waiting_for_the_grace() -> None:
