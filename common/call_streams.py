@@ -115,11 +115,20 @@ def _status(name: str) -> grpc.StatusCode:
 
 # Server --------------------------------------------------------------------------------------------------------------
 
-async def answer_unary(answer: Awaitable[Response], context: grpc.aio.ServicerContext) -> Response:
+OnError = Callable[[grpc.StatusCode], None]  # told the status of each call answered with an error (metrics)
+
+
+def _no_count(code: grpc.StatusCode) -> None:
+    pass
+
+
+async def answer_unary(answer: Awaitable[Response], context: grpc.aio.ServicerContext,
+                       on_error: OnError = _no_count) -> Response:
     """The unary method's body over the answer its stream twin uses: `CallFailed` becomes the call's status."""
     try:
         response = await answer
     except CallFailed as error:
+        on_error(error.code)
         await context.abort(error.code, error.message)
         raise  # abort() raises: not reached
     except asyncio.CancelledError:
@@ -128,10 +137,12 @@ async def answer_unary(answer: Awaitable[Response], context: grpc.aio.ServicerCo
         remaining = context.time_remaining()
         expired = remaining is not None and remaining <= 0
         code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+        on_error(code)
         _end_status(trace.get_current_span(), code, "the caller gave up before the answer", server=True)
         raise
     remaining = context.time_remaining()
     if remaining is not None and remaining <= 0:  # answered without yielding (gRPC could not cancel it) but too late
+        on_error(grpc.StatusCode.DEADLINE_EXCEEDED)
         await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
     return response
 
@@ -144,10 +155,12 @@ class CallStreamServer(Generic[Request, Response]):
     cannot pile up work without end."""
 
     def __init__(self, answer: Callable[[Request], Awaitable[Response]], result_type: Callable[..., Any],
-                 span_name: str, max_in_flight: int = MAX_CALLS_IN_FLIGHT) -> None:
+                 span_name: str, max_in_flight: int = MAX_CALLS_IN_FLIGHT, on_error: OnError = _no_count) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self._answer, self._result_type, self._span_name = answer, result_type, span_name
+        self._on_error = on_error  # every call answered with an error: the service's, the stream's (a duplicate id,
+        # a bad deadline), a deadline met, a cancel message
         self._max_in_flight = max_in_flight
         self._tracer = trace.get_tracer(__name__)
         self._streams: dict[asyncio.Task[Any], set[asyncio.Task[None]]] = {}  # handler task → its calls in flight
@@ -221,14 +234,17 @@ class CallStreamServer(Generic[Request, Response]):
             except CallFailed as error:
                 result.error.code, result.error.message = error.code.name, error.message
             except asyncio.CancelledError:  # a cancel message (nothing is written) or the stream's end
+                self._on_error(grpc.StatusCode.CANCELLED)
                 if span is not None:
                     _end_status(span, grpc.StatusCode.CANCELLED, "the caller stopped waiting", server=True)
                 raise
             except Exception as error:  # noqa: BLE001 - as gRPC answers a unary handler's unexpected exception
                 logger.exception("%s: unexpected error", self._span_name)
                 result.error.code, result.error.message = "UNKNOWN", f"Unexpected {type(error).__name__}: {error}"
+            code = grpc.StatusCode[result.error.code] if result.HasField("error") else grpc.StatusCode.OK
+            if code is not grpc.StatusCode.OK:
+                self._on_error(code)
             if span is not None:
-                code = (grpc.StatusCode[result.error.code] if result.HasField("error") else grpc.StatusCode.OK)
                 _end_status(span, code, result.error.message, server=True)
         try:
             async with write_lock:

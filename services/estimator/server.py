@@ -38,11 +38,11 @@ class EstimatorServicer(estimator_pb2_grpc.EstimatorServicer):
         self._query_numbers = itertools.count()
         self._by_method: dict[Method, prometheus_client.Counter] = {}
         self.streams = CallStreamServer(self._answer, estimator_pb2.EstimateResult,  # .close() at shutdown
-                                        f"/{SERVICE_NAME}/EstimateStream")
+                                        f"/{SERVICE_NAME}/EstimateStream", on_error=_failed)
 
     async def Estimate(self, request: estimator_pb2.EstimateRequest,  # noqa: N802 - the proto's name
                        context: grpc.aio.ServicerContext) -> estimator_pb2.EstimateResponse:
-        return await answer_unary(self._answer(request), context)
+        return await answer_unary(self._answer(request), context, on_error=_failed)
 
     async def EstimateStream(self, calls: AsyncIterator[estimator_pb2.EstimateCall],  # noqa: N802
                              context: grpc.aio.ServicerContext) -> None:
@@ -53,7 +53,7 @@ class EstimatorServicer(estimator_pb2_grpc.EstimatorServicer):
         try:
             call = estimate_call(request, default_query_id=f"bear-estimate-{next(self._query_numbers)}")
         except InvalidRequest as error:
-            metrics.ERRORS.labels(code="INVALID_ARGUMENT").inc()
+            metrics.ESTIMATE_SECONDS.observe(time.perf_counter() - started)
             raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT, str(error)) from None
         if request.recent_dispatches and self._record_dispatch is not None:
             self._record_all(request.recent_dispatches)
@@ -88,6 +88,10 @@ class EstimatorServicer(estimator_pb2_grpc.EstimatorServicer):
             return InstanceFacts()
         return InstanceFacts(len(snapshot.running), len(snapshot.waiting) + snapshot.num_omitted_waiting,
                              self._estimator.pending_decode_tokens(instance_id) or 0.0)
+
+
+def _failed(code: grpc.StatusCode) -> None:
+    metrics.ERRORS.labels(code=code.name).inc()
 
 
 def register(servicer: EstimatorServicer) -> Callable[[grpc.aio.Server], list[str]]:

@@ -47,11 +47,11 @@ class PredictorServicer(predictor_pb2_grpc.PredictorServicer):
         self._max_prompt_chars = max_prompt_chars
         self._max_remaining_queries = max_remaining_queries
         self.streams = CallStreamServer(self._predict, predictor_pb2.PredictResult,  # .close() at shutdown
-                                        f"/{SERVICE_NAME}/PredictStream")
+                                        f"/{SERVICE_NAME}/PredictStream", on_error=_predict_failed)
 
     async def Predict(self, request: predictor_pb2.PredictRequest,  # noqa: N802 - the proto's name
                       context: grpc.aio.ServicerContext) -> predictor_pb2.PredictResponse:
-        return await answer_unary(self._predict(request), context)
+        return await answer_unary(self._predict(request), context, on_error=_predict_failed)
 
     async def PredictStream(self, calls: AsyncIterator[predictor_pb2.PredictCall],  # noqa: N802
                             context: grpc.aio.ServicerContext) -> None:
@@ -61,36 +61,44 @@ class PredictorServicer(predictor_pb2_grpc.PredictorServicer):
         started = time.perf_counter()
         catalog = self._predictor.catalog
         try:
-            prompt, models = predict_arguments(request, catalog, self._max_prompt_chars)
-        except InvalidRequest as error:
-            ERRORS.labels(method="Predict", code="INVALID_ARGUMENT").inc()
-            raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT, str(error)) from None
-        if len(prompt) <= INLINE_PROMPT_CHARS:
-            predictions = self._predictor.predict(prompt, models)
-        else:
-            predictions = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._predictor.predict, prompt, models)
-        reply = predict_response(predictions, catalog)
-        REQUEST_SECONDS.labels(method="Predict").observe(time.perf_counter() - started)
-        return reply
+            try:
+                prompt, models = predict_arguments(request, catalog, self._max_prompt_chars)
+            except InvalidRequest as error:
+                raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT, str(error)) from None
+            if len(prompt) <= INLINE_PROMPT_CHARS:
+                predictions = self._predictor.predict(prompt, models)
+            else:
+                predictions = await asyncio.get_running_loop().run_in_executor(
+                    self._executor, self._predictor.predict, prompt, models)
+            return predict_response(predictions, catalog)
+        finally:  # every call the service answered, refused ones too
+            REQUEST_SECONDS.labels(method="Predict").observe(time.perf_counter() - started)
 
     async def ExpectedRemaining(self, request: predictor_pb2.ExpectedRemainingRequest,
                                 context: grpc.aio.ServicerContext) -> predictor_pb2.ExpectedRemainingResponse:
+        return await answer_unary(self._expected_remaining(request), context, on_error=_remaining_failed)
+
+    async def _expected_remaining(self, request: predictor_pb2.ExpectedRemainingRequest
+                                  ) -> predictor_pb2.ExpectedRemainingResponse:
         started = time.perf_counter()
         try:
-            groups = remaining_groups(request, self._predictor.catalog, self._max_remaining_queries)
-        except InvalidRequest as error:
-            await _invalid(context, "ExpectedRemaining", error)
-        answers = [self._predictor.expected_remaining_tokens_many(g.model, g.predicted_output_tokens,
-                                                                   g.generated_tokens, g.max_tokens) for g in groups]
-        reply = remaining_response(len(request.queries), groups, answers)
-        REQUEST_SECONDS.labels(method="ExpectedRemaining").observe(time.perf_counter() - started)
-        return reply
+            try:
+                groups = remaining_groups(request, self._predictor.catalog, self._max_remaining_queries)
+            except InvalidRequest as error:
+                raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT, str(error)) from None
+            answers = [self._predictor.expected_remaining_tokens_many(
+                g.model, g.predicted_output_tokens, g.generated_tokens, g.max_tokens) for g in groups]
+            return remaining_response(len(request.queries), groups, answers)
+        finally:  # every call the service answered, refused ones too
+            REQUEST_SECONDS.labels(method="ExpectedRemaining").observe(time.perf_counter() - started)
 
 
-async def _invalid(context: grpc.aio.ServicerContext, method: str, error: InvalidRequest) -> None:
-    ERRORS.labels(method=method, code="INVALID_ARGUMENT").inc()
-    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+def _predict_failed(code: grpc.StatusCode) -> None:
+    ERRORS.labels(method="Predict", code=code.name).inc()
+
+
+def _remaining_failed(code: grpc.StatusCode) -> None:
+    ERRORS.labels(method="ExpectedRemaining", code=code.name).inc()
 
 
 def register(servicer: PredictorServicer) -> Callable[[grpc.aio.Server], list[str]]:

@@ -144,6 +144,30 @@ def test_latency_is_recorded_per_method(stub: predictor_pb2_grpc.PredictorStub) 
     assert (count("Predict"), count("ExpectedRemaining")) == (before[0] + 1, before[1] + 1)
 
 
+def test_every_call_answered_with_an_error_is_counted_by_its_code(stub: predictor_pb2_grpc.PredictorStub,
+                                                                  channel: grpc.Channel) -> None:
+    """The service's refusals and those of the stream of calls (a bad deadline, a call id in flight), unary or
+    streamed: each one in bear_predictor_errors_total (only the service's own were, before)."""
+    def errors(method: str, code: str) -> float:
+        return REGISTRY.get_sample_value("bear_predictor_errors_total", {"method": method, "code": code}) or 0.0
+
+    before = errors("Predict", "INVALID_ARGUMENT"), errors("ExpectedRemaining", "INVALID_ARGUMENT")
+    with pytest.raises(grpc.RpcError):
+        stub.Predict(predictor_pb2.PredictRequest(prompt=" "), timeout=10)
+    with pytest.raises(grpc.RpcError):
+        stub.ExpectedRemaining(predictor_pb2.ExpectedRemainingRequest(queries=[
+            predictor_pb2.RemainingQuery(model="no-such-model", predicted_output_tokens=10)]), timeout=10)
+    stream = channel.stream_stream("/bear.v1.Predictor/PredictStream",
+                                   request_serializer=predictor_pb2.PredictCall.SerializeToString,
+                                   response_deserializer=predictor_pb2.PredictResult.FromString)
+    calls = [predictor_pb2.PredictCall(call_id=1, request=predictor_pb2.PredictRequest(prompt="hi"), timeout_ms=-1),
+             predictor_pb2.PredictCall(call_id=2, request=predictor_pb2.PredictRequest(prompt=""), timeout_ms=5000)]
+    results = list(stream(iter(calls), timeout=10))
+    assert sorted(r.error.code for r in results) == ["INVALID_ARGUMENT", "INVALID_ARGUMENT"]
+    assert (errors("Predict", "INVALID_ARGUMENT"), errors("ExpectedRemaining", "INVALID_ARGUMENT")) == (
+        before[0] + 3, before[1] + 1)
+
+
 def test_health_and_reflection(channel: grpc.Channel) -> None:
     health = health_pb2_grpc.HealthStub(channel)
     for service in ("", "bear.v1.Predictor"):
