@@ -163,6 +163,7 @@ class _Instance:
     calibration: Calibration | None = None
     dispatches: _Dispatches = field(default_factory=_Dispatches)
     prefixes: PrefixIndex = field(default_factory=PrefixIndex)  # what its prefix cache likely holds
+    refusal: str = ""  # why its latest snapshot was refused, if it was (cleared when one is adopted)
 
 
 class Estimator:
@@ -241,7 +242,7 @@ class Estimator:
                 r if m.HasField("num_cached_tokens") else self._with_cache_hit(instance, snapshot.engine, r)
                 for r, m in zip(state.waiting, snapshot.waiting, strict=True)))
         prepared = prepare(state)
-        instance.snapshot, instance.prepared = snapshot, prepared
+        instance.snapshot, instance.prepared, instance.refusal = snapshot, prepared, ""
         instance.prefill_backlog_tokens = remaining_prefill_tokens(prepared.state)
         instance.step_in_progress = step_in_progress(snapshot)
         instance.pending_decode_tokens = float(sum(lengths.values()))
@@ -384,6 +385,8 @@ class Estimator:
     def _fallback(self, instance_id: str, instance: _Instance, query: Query, age: float | None,
                   max_age_s: float) -> TtftEstimate:
         why = "no snapshot" if age is None else f"snapshot {age:.3f} s old" if age > max_age_s else "not calibrated"
+        if instance.refusal and why != "not calibrated":  # e.g. a clock more than MAX_CLOCK_AHEAD_S ahead
+            why = f"{why} (its latest snapshot was refused: {instance.refusal})"
         if instance.prepared is not None:  # an engine's settings say, whatever its state, which prompts it refuses
             state = instance.prepared.state
             refused = refused_prompt(state.engine, query.num_prompt_tokens)
@@ -426,6 +429,12 @@ class Estimator:
             groups[model] = ([r for r, _ in group], np.array([p for _, p in group], dtype=np.float64), generated,
                              np.array([r.max_tokens for r, _ in group], dtype=np.float64), in_flight)
         return groups
+
+    def note_refused(self, instance_id: str, why: str) -> None:
+        """A snapshot of the instance was refused (its clock, its rows): estimates without a replay say why."""
+        instance = self._instances.get(instance_id)
+        if instance is not None:
+            instance.refusal = why
 
     def _instance(self, instance_id: str) -> _Instance:
         try:

@@ -422,6 +422,7 @@ class SnapshotFeed:
         instance's last adopted one, then every 100th."""
         self.stats.snapshots_rejected += 1
         instance_id = snapshot.instance_id
+        self._estimator.note_refused(instance_id, why)
         if self._refused.should_log(instance_id):
             logger.warning("snapshot %d of %s %s (%d since its last adopted one): %s", snapshot.sequence_number,
                            instance_id, verb, self._refused.count(instance_id), why)

@@ -392,6 +392,10 @@ def test_a_snapshot_from_the_future_is_refused_and_later_ones_still_adopted(take
         assert world.feed.stats.snapshots_rejected == 1
         assert world.estimator.snapshot("a").running[0].request_id == "r1"  # type: ignore[union-attr]
         world.clock.advance(3.0)
+        # past the age limit, the estimate says why no newer snapshot was taken (a clock ahead, here)
+        stale = world.estimate()
+        assert stale.method is not Method.REPLAY and "its latest snapshot was refused: " in stale.reason
+        assert "ahead of the estimator's clock" in stale.reason
         world.feed.offer(snapshot("a", world.clock(), [decoding("r2")]))
         await world.feed.adopt_pending()
         assert world.estimator.snapshot("a").running[0].request_id == "r2"  # type: ignore[union-attr]
