@@ -134,17 +134,19 @@ async def answer_unary(answer: Awaitable[Response], context: grpc.aio.ServicerCo
     except asyncio.CancelledError:
         # The caller's deadline passed or it cancelled, and gRPC cancelled this handler. OpenTelemetry's interceptor
         # catches Exception only: without this, the call's server span would end as OK.
-        remaining = context.time_remaining()
-        expired = remaining is not None and remaining <= 0
-        code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+        code = grpc.StatusCode.DEADLINE_EXCEEDED if _past_deadline(context) else grpc.StatusCode.CANCELLED
         on_error(code)
         _end_status(trace.get_current_span(), code, "the caller gave up before the answer", server=True)
         raise
-    remaining = context.time_remaining()
-    if remaining is not None and remaining <= 0:  # answered without yielding (gRPC could not cancel it) but too late
+    if _past_deadline(context):  # answered without yielding (gRPC could not cancel it), but too late
         on_error(grpc.StatusCode.DEADLINE_EXCEEDED)
         await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
     return response
+
+
+def _past_deadline(context: grpc.aio.ServicerContext) -> bool:
+    remaining = context.time_remaining()
+    return remaining is not None and remaining <= 0
 
 
 class CallStreamServer(Generic[Request, Response]):

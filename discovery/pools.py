@@ -36,7 +36,7 @@ from urllib.parse import SplitResult, urlsplit
 
 import yaml
 
-from bear.common.prices import MAX_USD_PER_MTOK, price_ok
+from bear.common.prices import PRICE_RANGE, price_ok
 from bear.common.yaml_files import load_yaml
 
 DEFAULT_HTTP_PORT = 8000
@@ -246,8 +246,7 @@ def _price(entry: Mapping[str, Any], key: str, where: str) -> float:
     value = entry.get(key, 0.0)
     is_number = isinstance(value, int | float) and not isinstance(value, bool)
     if not is_number or not price_ok(value):  # also refuses .nan, .inf and huge integers
-        raise PoolsFileError(f"{where}.{key} must be a number in [0, {MAX_USD_PER_MTOK:g}] (USD per million tokens), "
-                             f"got {value!r}")
+        raise PoolsFileError(f"{where}.{key} must be {PRICE_RANGE}, got {value!r}")
     return float(value)
 
 

@@ -51,9 +51,14 @@ class EstimatorServicer(estimator_pb2_grpc.EstimatorServicer):
     async def _answer(self, request: estimator_pb2.EstimateRequest) -> estimator_pb2.EstimateResponse:
         started = time.perf_counter()
         try:
+            return self._estimate(request)
+        finally:  # every call the service answered, refused ones too
+            metrics.ESTIMATE_SECONDS.observe(time.perf_counter() - started)
+
+    def _estimate(self, request: estimator_pb2.EstimateRequest) -> estimator_pb2.EstimateResponse:
+        try:
             call = estimate_call(request, default_query_id=f"bear-estimate-{next(self._query_numbers)}")
         except InvalidRequest as error:
-            metrics.ESTIMATE_SECONDS.observe(time.perf_counter() - started)
             raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT, str(error)) from None
         if request.recent_dispatches and self._record_dispatch is not None:
             self._record_all(request.recent_dispatches)
@@ -64,7 +69,6 @@ class EstimatorServicer(estimator_pb2_grpc.EstimatorServicer):
             estimates=[instance_estimate(estimate, self._facts(estimate.instance_id)) for estimate in estimates])
         for method, count in Counter(estimate.method for estimate in estimates).items():
             self._counted(method).inc(count)
-        metrics.ESTIMATE_SECONDS.observe(time.perf_counter() - started)
         return reply
 
     def _counted(self, method: Method) -> prometheus_client.Counter:

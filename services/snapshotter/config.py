@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from bear.common.config_sources import grpc_target_problem
-from bear.common.prices import MAX_USD_PER_MTOK, price_ok
+from bear.common.prices import PRICE_RANGE, price_ok
 from bear.common.redis_config import RedisConfig
 
 DEFAULT_REGION = "bear-snapshot"
@@ -131,8 +131,7 @@ class SnapshotterConfig:
                  f"{self.calibration_recent_steps}")
         for name, price in (("BEAR_INPUT_USD_PER_MTOK", self.input_usd_per_million_tokens),
                             ("BEAR_OUTPUT_USD_PER_MTOK", self.output_usd_per_million_tokens)):
-            _require(price_ok(price),
-                     f"{name} must be a number in [0, {MAX_USD_PER_MTOK:g}] (USD per million tokens), got {price:g}")
+            _require(price_ok(price), f"{name} must be {PRICE_RANGE}, got {price:g}")
 
     @property
     def heartbeat_s(self) -> float:
