@@ -107,24 +107,19 @@ class Subscription:
         except BaseException as error:  # noqa: BLE001 - reported by the test, not lost with the thread
             self.error = error
 
-    def close(self) -> list[tuple[float, snapshot_pb2.InstanceSnapshot]]:
-        """Stops once no new snapshot has arrived for 1.5 s (an idle engine's is only repeated every heartbeat), and
-        returns what arrived."""
+    def close(self, through_sequence: int) -> list[tuple[float, snapshot_pb2.InstanceSnapshot]]:
+        """Stops once the state numbered `through_sequence` (or a later one) has arrived, and returns what arrived.
+        Waiting for that state, not for a quiet spell, keeps a listener that fell behind on a busy host from being
+        stopped before it has read the rest."""
         try:
-            wait_until(self._drained, 30, "the channel to drain")
+            wait_until(lambda: self.error is not None or any(s.sequence_number >= through_sequence
+                                                             for _, s in self.received), 30,
+                       f"state {through_sequence} on the channel")
         finally:
             self._stop.set()
             self._thread.join(5)
             self._pubsub.close()
         return self.received
-
-    def _drained(self) -> bool:
-        if self.error is not None:
-            return True
-        newest: dict[int, float] = {}
-        for arrived, snapshot in self.received:
-            newest.setdefault(snapshot.sequence_number, arrived)
-        return not newest or time.monotonic() - max(newest.values()) > 1.5
 
 
 def staleness_s(earlier: snapshot_pb2.InstanceSnapshot, later: snapshot_pb2.InstanceSnapshot) -> float:
@@ -149,11 +144,11 @@ def test_snapshots_reach_redis_every_step_and_agree_with_the_engine(vllm_server:
     started = time.monotonic()
     sent = run_workload(vllm_server, "w1", 32)
     elapsed = time.monotonic() - started
-    arrivals = subscription.close()
-    received = [s for _, s in arrivals]
     idle = wait_until(lambda: (s := sidecar.snapshot()) is not None and not s.running and not s.waiting and s, 30,
                       "an empty snapshot after the workload")
     assert isinstance(idle, snapshot_pb2.InstanceSnapshot) and not idle.HasField("step_in_progress")
+    arrivals = subscription.close(through_sequence=idle.sequence_number)
+    received = [s for _, s in arrivals]
     engine_steps = idle.next_step_index - before.next_step_index  # what the engine executed, as the sidecar read it
     timeline = (f"the engine executed {engine_steps} steps; {len(arrivals)} snapshots arrived, "
                 f"{arrivals[0][0] - started:.2f} s to {arrivals[-1][0] - started:.2f} s after the workload started "

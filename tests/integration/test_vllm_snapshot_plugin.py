@@ -71,8 +71,10 @@ def test_the_plugin_imports_nothing_of_bear_beyond_its_own_small_modules(vllm_py
              "print(json.dumps(sorted(set(sys.modules) - before)))\n")
     completed = subprocess.run([vllm_python, "-c", probe], capture_output=True, text=True, timeout=300, check=True)
     loaded = set(json.loads(completed.stdout.splitlines()[-1]))
-    # bear.common.config_sources: the environment parsers redis_config uses (standard library only).
-    assert loaded == {"bear", "bear.common", "bear.common.config_sources", "bear.common.redis_config",
+    # bear.common.config_sources: the environment parsers redis_config uses; bear.common.prices: the price bound the
+    # sidecar's settings check (both standard library only).
+    assert loaded == {"bear", "bear.common", "bear.common.config_sources", "bear.common.prices",
+                      "bear.common.redis_config",
                       "bear.snapshotter", "bear.snapshotter.cached_blocks", "bear.snapshotter.config",
                       "bear.snapshotter.plugin",
                       "bear.snapshotter.recorder", "bear.snapshotter.region", "bear.snapshotter.writer"}
