@@ -145,7 +145,8 @@ def _run_in(folder: Path, config: DemoConfig, runner: asyncio.Runner, stops: _St
             _stack(config, artifact, folder, redis_url, say) as (router, pool, sink):
         drive = _drive(config, router.address, prompts, pool, sink, redis_url, say)
         results = runner.run(stops.guard(drive) if stops is not None else drive)
-    report = {"policies": results, "rate_qps": config.rate_qps, "turn_s": config.turn_s, "seed": config.seed}
+    report = {"policies": results, "rate_qps": config.rate_qps, "turn_s": config.turn_s, "seed": config.seed,
+              "duration_s": config.duration_s, "looseness": config.looseness}
     _print_results(report, config, out)
     return report
 
@@ -455,8 +456,8 @@ def _print_results(report: dict[str, Any], config: DemoConfig, out: TextIO) -> N
     print(header, file=out)
     print("-" * len(header), file=out)
     for name, s in policies.items():
-        mix = ", ".join(f"{m} {100 * c / max(s['routes'], 1):.0f}%" for m, c in s["mix"].items())
-        mape = "" if s["ttft_mape"] is None else f"{100 * s['ttft_mape']:.1f}%"
+        mix = ", ".join(f"{m} {_share(c, s['routes'])}" for m, c in s["mix"].items())
+        mape = "" if s["ttft_error_p50"] is None else f"{100 * s['ttft_error_p50']:.1f}%"
         utility = "-" if s["on_time_utility"] is None else f"{s['on_time_utility']:.4f}"
         on_time = "-" if s["slo_attainment"] is None else f"{100 * s['slo_attainment']:.1f}%"
         print(f"{name:<{width}} {s['queries']:>7} {utility:>13} {on_time:>8} "
@@ -475,13 +476,19 @@ def _print_results(report: dict[str, Any], config: DemoConfig, out: TextIO) -> N
         print(f"No query was sent in the turn of {', '.join(idle)}: at {config.rate_qps:g} queries/s, queries arrive "
               f"over {config.turn_s * ARRIVAL_SHARE:.1f} s of each turn, {expected:.1f} on average; raise --rate or "
               f"--duration.", file=out)
-    print("SLO met: TTFT from the Route call to the first token (routing included). TTFT est. error: mean absolute "
+    print("SLO met: TTFT from the Route call to the first token (routing included). TTFT est. error: median absolute "
           "error of the TTFT predicted for the chosen instance, relative to the TTFT measured there (from the "
-          "query's arrival at the instance).", file=out)
+          "query's arrival at the instance; --json gives the mean too, ttft_mape).", file=out)
 
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f} ms"
+
+
+def _share(count: int, total: int) -> str:
+    """A routing-mix share: whole percent, "<1%" for a few queries (never "0%" for some)."""
+    shown = f"{100 * count / max(total, 1):.0f}%"
+    return "<1%" if count > 0 and shown == "0%" else shown
 
 
 def write_json(report: dict[str, Any], path: Path) -> None:

@@ -40,7 +40,9 @@ def test_demo_routes_a_workload_with_three_policies(tmp_path: Path) -> None:
         assert sum(figures["mix"].values()) == figures["routes"], name
         assert figures["queued_at_start"] == 0, name  # a rate the pool serves: no turn inherits a queue
     bear = report["policies"]["bear"]
-    assert bear["ttft_mape"] is not None and bear["ttft_mape"] < 0.5  # BEAR's estimates were used, and were close
+    # BEAR's estimates were used, and were close (the median error; the mean is reported too)
+    assert bear["ttft_error_p50"] is not None and bear["ttft_error_p50"] < 0.3 and bear["ttft_mape"] is not None
+    assert (report["duration_s"], report["rate_qps"], report["looseness"], report["seed"]) == (30, 12, 1, 0)
     for name in POLICIES:  # the printed table names every policy
         assert name in completed.stdout
     for service in ("router", "estimator", "predictor"):  # their logs are kept in the run folder
