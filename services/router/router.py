@@ -376,6 +376,10 @@ class Router:
         else:
             self._metrics.sheds.labels(result.policy).inc()
 
+    def count_error(self, method: str, code: str) -> None:
+        """A call the gRPC face answered with an error status (`code`: its name)."""
+        self._metrics.errors.labels(method, code).inc()
+
     # ReportOutcome --------------------------------------------------------------------------------------------------
 
     async def report_outcome(self, outcome: Outcome) -> tuple[bool, float]:

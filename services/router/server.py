@@ -27,11 +27,11 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     def __init__(self, router: Router) -> None:
         self._router = router
         self.streams = CallStreamServer(self._route, router_pb2.RouteResult,  # .close() at shutdown
-                                        f"/{SERVICE_NAME}/RouteStream")
+                                        f"/{SERVICE_NAME}/RouteStream", on_error=self._route_failed)
 
     async def Route(self, request: router_pb2.RouteRequest,  # noqa: N802 - the proto's name
                     context: grpc.aio.ServicerContext) -> router_pb2.RouteDecision:
-        return await answer_unary(self._route(request), context)
+        return await answer_unary(self._route(request), context, on_error=self._route_failed)
 
     async def RouteStream(self, calls: AsyncIterator[router_pb2.RouteCall],  # noqa: N802 - the proto's name
                           context: grpc.aio.ServicerContext) -> None:
@@ -39,11 +39,20 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
 
     async def ReportOutcome(self, request: router_pb2.OutcomeReport,  # noqa: N802 - the proto's name
                             context: grpc.aio.ServicerContext) -> router_pb2.OutcomeAck:
+        return await answer_unary(self._report_outcome(request), context, on_error=self._report_failed)
+
+    async def _report_outcome(self, request: router_pb2.OutcomeReport) -> router_pb2.OutcomeAck:
         try:
             known, predicted_ttft_ms = await self._router.report_outcome(wire.outcome_from_proto(request))
         except InvalidQuery as error:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+            raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT, str(error)) from None
         return wire.ack_to_proto(known, predicted_ttft_ms)
+
+    def _route_failed(self, code: grpc.StatusCode) -> None:
+        self._router.count_error("Route", code.name)
+
+    def _report_failed(self, code: grpc.StatusCode) -> None:
+        self._router.count_error("ReportOutcome", code.name)
 
     async def _route(self, request: router_pb2.RouteRequest) -> router_pb2.RouteDecision:
         try:

@@ -51,6 +51,10 @@ class RouterMetrics:
         self.refusals = Counter("bear_router_refusals_total", "Calls refused, by method and status code "
                                 "(INVALID_ARGUMENT, ALREADY_EXISTS, UNAVAILABLE: no ready instance)",
                                 ["method", "code"], registry=registry)
+        self.errors = Counter("bear_router_errors_total", "Calls answered with an error status, by method (Route: "
+                              "unary or over RouteStream) and status code: the refusals, and the stream's own (a bad "
+                              "deadline, a call id in flight), deadlines met and cancels", ["method", "code"],
+                              registry=registry)
         self.dependency_errors = Counter("bear_router_dependency_errors_total", "Failed calls to the predictor, the "
                                          "estimator and Redis, by service and status code", ["service", "code"],
                                          registry=registry)

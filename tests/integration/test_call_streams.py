@@ -156,6 +156,7 @@ def test_each_call_has_the_spans_and_rpc_attributes_a_unary_call_has() -> None:
     from tests.router_stack import span_exporter
 
     exporter = span_exporter()
+    exporter.clear()  # the process's exporter: spans of the tests before this one are not this test's
 
     async def scenario() -> None:
         async with connected(traced=True) as (_, stream):

@@ -138,6 +138,35 @@ def test_the_asyncio_client_routes_over_a_stream_of_calls_and_its_errors_are_rou
     assert not any(s.name == "/bear.v1.Router/Route" for s in spans)
 
 
+def test_every_call_answered_with_an_error_is_counted_by_method_and_code(stack: RouterStack) -> None:
+    """Route's refusals, unary or streamed, those of the stream itself (a bad deadline, a call id in flight) and
+    ReportOutcome's: each one in bear_router_errors_total (the stream's own were in no metric before)."""
+    def errors(method: str, code: str) -> float:
+        return stack.metric("bear_router_errors_total", method=method, code=code)
+
+    channel = grpc.insecure_channel(stack.address)
+    stub = router_pb2_grpc.RouterStub(channel)
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.Route(router_pb2.RouteRequest(prompt="Summarize.", ttft_slo_ms=-1), timeout=10)
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.ReportOutcome(router_pb2.OutcomeReport(request_id="r", observed_ttft_ms=-1), timeout=10)
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    stream = channel.stream_stream(f"/{SERVICE_NAME}/RouteStream",
+                                   request_serializer=router_pb2.RouteCall.SerializeToString,
+                                   response_deserializer=router_pb2.RouteResult.FromString)
+    good = router_pb2.RouteRequest(prompt="Summarize.", ttft_slo_ms=250, request_id="counted-1")
+    calls = [router_pb2.RouteCall(call_id=1, request=good, timeout_ms=-1),  # the stream's refusal
+             router_pb2.RouteCall(call_id=2, request=router_pb2.RouteRequest(prompt=""), timeout_ms=5000),
+             router_pb2.RouteCall(call_id=3, request=good, timeout_ms=5000)]
+    results = {r.call_id: r for r in stream(iter(calls), timeout=10)}
+    channel.close()
+    assert results[1].error.code == results[2].error.code == "INVALID_ARGUMENT"
+    assert results[3].response.request_id == "counted-1"
+    assert (errors("Route", "INVALID_ARGUMENT"), errors("ReportOutcome", "INVALID_ARGUMENT")) == (3, 1)
+    assert stack.metric("bear_router_refusals_total", method="Route", code="INVALID_ARGUMENT") == 2  # the router's
+
+
 def test_the_asyncio_client_sends_a_long_request_unary_and_refuses_calls_once_closed(stack: RouterStack) -> None:
     # A message over the router's size limit would end the stream it goes on, with every call on it.
     async def calls() -> list[object]:
@@ -286,6 +315,8 @@ def test_the_asyncio_clients_deadline(stack: RouterStack, streamed: bool) -> Non
             expired, cancelled = grpc.StatusCode.DEADLINE_EXCEEDED.value[0], grpc.StatusCode.CANCELLED.value[0]
             assert code in ({expired, cancelled} if streamed else {expired})
             assert (server.status.status_code is StatusCode.ERROR) == (code == expired)
+            name = "DEADLINE_EXCEEDED" if code == expired else "CANCELLED"
+            assert stack.metric("bear_router_errors_total", method="Route", code=name) == 1  # counted as it ended
             stack.estimator.behaviour.delay_s = 0.0
             decision = await client.route("Summarize.", ttft_slo_ms=100.0, request_id=f"late-{streamed}",
                                           timeout_s=10.0)
