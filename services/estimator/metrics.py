@@ -60,6 +60,8 @@ class FeedCollector(Collector):
                 ("undecodable_values", "Values and members read from Redis skipped as undecodable",
                  stats.undecodable_values),
                 ("dispatches_recorded", "Dispatch records read from Redis", stats.dispatches_recorded),
+                ("dispatches_unusable", "Dispatch records, from Redis or an Estimate call, that cannot be a dispatch "
+                 "(no request id, no prompt tokens, a time or length that is not a number)", stats.dispatches_unusable),
                 ("redis_failures", "Failed Redis calls", stats.redis_failures),
                 ("resyncs", "Full rereads of Redis", stats.resyncs)):
             yield CounterMetricFamily(f"bear_estimator_feed_{name}", text, value=value)

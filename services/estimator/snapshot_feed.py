@@ -82,6 +82,7 @@ class FeedStats:
     snapshots_rejected: int = 0  # refused (`admission.refusal`) or the replay cannot use them (InvalidState)
     undecodable_values: int = 0  # values and members read from Redis that were skipped: not ours, or not UTF-8
     dispatches_recorded: int = 0
+    dispatches_unusable: int = 0  # records (from Redis or a caller) that cannot be a dispatch: a router's bug or skew
     redis_failures: int = 0
     resyncs: int = 0
     subscribed: bool = False
@@ -121,6 +122,7 @@ class SnapshotFeed:
         self.stats = FeedStats()
         self._values = RedisValues(self.stats, logger)
         self._refused = LogThrottle()  # by instance id
+        self._unusable = LogThrottle()  # dispatch records, by instance id
 
     # The loops ----------------------------------------------------------------------------------------------------
 
@@ -403,12 +405,20 @@ class SnapshotFeed:
         try:
             record = router_pb2.DispatchRecord.FromString(payload)
         except Exception:  # noqa: BLE001 - google.protobuf.message.DecodeError: a foreign value under our key
+            self.stats.undecodable_values += 1
             return False
         return self._adopt_dispatch(record, instance_id)
 
     def _adopt_dispatch(self, record: router_pb2.DispatchRecord, instance_id: str) -> bool:
         dispatch: Dispatch | None = dispatch_from_record(record, instance_id, self._estimator.model(instance_id))
-        if dispatch is None or not self._estimator.knows(dispatch.instance_id):
+        if dispatch is None:
+            self.stats.dispatches_unusable += 1
+            if self._unusable.should_log(instance_id):
+                logger.warning("dispatch record of %r to instance %s unusable (%d times): no request id, no prompt "
+                               "tokens, or a time or length that is not a number (the replay goes on without it)",
+                               record.request_id[:64], instance_id, self._unusable.count(instance_id))
+            return False
+        if not self._estimator.knows(dispatch.instance_id):
             return False
         self._estimator.record_dispatch(dispatch)
         tracked = self._tracked.get(dispatch.instance_id)

@@ -357,6 +357,31 @@ def test_a_dispatch_member_that_is_not_utf8_is_skipped() -> None:
     run(test)
 
 
+def test_dispatch_records_that_cannot_be_dispatches_are_counted_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """A record from Redis or from a caller with no prompt tokens or a time that is not a number, and a value that is
+    no record: skipped (the rest recorded) and counted, not dropped unseen (QA: a router's bad records went nowhere)."""
+    async def test(world: World) -> None:
+        await world.publish(snapshot("a", world.clock()))
+        await world.feed.resync_once()
+        await world.feed.adopt_pending()
+        now = world.clock()
+        await record_dispatch(world.redis, dispatch_record("bad-tokens", "a", now + 0.01, prompt_tokens=0))
+        await record_dispatch(world.redis, dispatch_record("good", "a", now + 0.01))
+        await world.redis.set(redis_keys.dispatch_key("foreign"), b"\xff\x00\x01")
+        await world.redis.zadd(redis_keys.dispatches_key("a"), {"foreign": now + 0.01})
+        await world.feed.poll_dispatches_once()
+        assert world.estimator.has_dispatch("a", "good") and not world.estimator.has_dispatch("a", "bad-tokens")
+        assert world.feed.record_dispatch(dispatch_record("bad-time", "a", math.nan)) is False
+        assert world.feed.record_dispatch(dispatch_record("fine", "a", now)) is True
+        assert world.feed.stats.dispatches_unusable == 2 and world.feed.stats.undecodable_values == 1
+
+    with caplog.at_level("WARNING", logger="bear.estimator"):
+        run(test)
+    assert [m for m in caplog.messages if "unusable" in m] == [
+        "dispatch record of 'bad-tokens' to instance a unusable (1 times): no request id, no prompt tokens, or a time "
+        "or length that is not a number (the replay goes on without it)"]
+
+
 @pytest.mark.parametrize("taken_at_s, read_at_s", [(math.nan, None), (math.inf, None), (-math.inf, None),
                                                    (0.0, math.nan), (0.0, math.inf)])
 def test_a_snapshot_whose_times_are_not_numbers_is_refused_and_the_dispatch_poll_goes_on(
