@@ -84,6 +84,25 @@ def test_fits_wait_for_enough_new_steps_and_the_refit_interval() -> None:
     assert calibrator.refit_if_due(20.0) is None  # nothing new
 
 
+def test_a_fit_the_recent_steps_are_far_from_is_refitted_sooner() -> None:
+    """The demo's first fits (50 steps of few residents) predicted the bigger batches that followed 3-20x too slow, for
+    the 2 s until the next fit; the recent ratio far outside [0.5, 2] now brings the refit forward (FAST_REFIT_S)."""
+    rng = random.Random(9)
+    calibrator = OnlineCalibrator(window=200, min_samples=20, refit_interval_s=5.0, recent_steps=8)
+    calibrator.add(step(rng, noise=0.0) for _ in range(100))
+    assert calibrator.refit_if_due(0.0) is not None
+    calibrator.add(step(rng, noise=0.0, stall=1.3) for _ in range(8))  # drift the ratio takes care of
+    assert calibrator.recent_time_ratio() == pytest.approx(1.3) and calibrator.refit_if_due(0.3) is None
+    calibrator.add(step(rng, noise=0.0, stall=3.0) for _ in range(120))  # steps the fit does not describe
+    assert calibrator.recent_time_ratio() == pytest.approx(3.0)
+    assert calibrator.refit_if_due(0.2) is None  # not at every poll
+    fitted = calibrator.refit_if_due(0.3)
+    assert fitted is not None and fitted.intercept_s == pytest.approx(3 * TRUE.b0, rel=0.05)
+    assert calibrator.recent_time_ratio() == pytest.approx(1.0, rel=0.05)
+    calibrator.add(step(rng, noise=0.0, stall=3.0) for _ in range(8))
+    assert calibrator.refit_if_due(0.6) is None  # described again: the usual interval
+
+
 def test_a_fit_needs_more_than_a_handful_of_inliers() -> None:
     rng = random.Random(5)
     samples = samples_from_records([step(rng) for _ in range(6)])
