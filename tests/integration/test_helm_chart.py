@@ -98,6 +98,33 @@ GOOD_CASES: dict[str, tuple[list[str], dict[str, Any]]] = {
                  "snapshotter": {"env": [{"name": "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS", "value": "2"}]}},
         "router": {"env": [{"name": "BEAR_DEFAULT_POLICY", "value": "score"}]},
         "otel": {"endpoint": "http://otel-collector:4317", "resourceAttributes": None}}),
+    "env-values-that-look-like-numbers": ([], {
+        "router": {"env": [{"name": "BEAR_ROUTER_TTFT_FEEDBACK_WINDOW", "value": "64"}]},
+        "vllm": {"snapshotter": {"env": [{"name": "BEAR_CALIBRATION_WINDOW", "value": "4000"}]}},
+        "predictor": {"env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]}}),
+    # prefixes of --pipeline-parallel-size, read as vLLM's parser reads them; flags the pool's engine leaves to vLLM
+    "pipeline-parallel-abbreviated": ([], {"vllm": {"extraArgs": ["--pipeline-parallel", "2", "--max-num-seqs=64",
+                                                                  "--enable-prefix-caching"]},
+                                           "pools": [_pool(name="a", gpusPerReplica=4, tensorParallelSize=2,
+                                                           engine={"maxModelLen": 4096})]}),
+    "pipeline-parallel-shortest-abbreviation": ([], {"vllm": {"extraArgs": ["--pi=4"]}, "pools": [
+        _pool(name="a", gpusPerReplica=4)]}),
+    "redis-url-highest-port-and-a-database-query": ([], {"redis": {"enabled": False,
+                                                                   "url": "redis://[fd00::5]:65535?db=2&x=1"}}),
+    "disruption-budgets-in-percent": ([], {"vllm": {"podDisruptionBudget": {"enabled": True, "maxUnavailable": "100%"}},
+                                           "router": {"podDisruptionBudget": {"enabled": True, "maxUnavailable": "0%"}},
+                                           "estimator": {"podDisruptionBudget": {"enabled": True,
+                                                                                 "maxUnavailable": "50%"}}}),
+    "snapshot-settings-through-env": ([], {
+        "estimator": {"maxSnapshotAgeSeconds": 1.0, "env": [{"name": "BEAR_MAX_SNAPSHOT_AGE_S", "value": " 3 "}]},
+        "vllm": {"snapshotter": {"env": [{"name": "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS", "value": "2e3"},
+                                         {"name": "BEAR_SNAPSHOT_REFRESH_S", "value": "1.5"}]}}}),
+    "snapshot-region-renamed": ([], {"vllm": {"snapshotter": {"region": "bear-snapshot-2"}}}),
+    "batch-budget-equal-to-max-num-seqs": ([], {"pools": [_pool(engine={"maxNumBatchedTokens": 256,
+                                                                        "maxNumSeqs": 256})]}),
+    "names-that-are-dns-subdomains": ([], {"serviceAccount": {"create": True, "name": "007"},
+                                           "predictor": {"artifact": {"source": "configMap",
+                                                                      "configMap": {"name": "bear.predictor-v3"}}}}),
 }
 # name → (release, namespace) where a case needs its own (others use RELEASE and NAMESPACE)
 RELEASE_AND_NAMESPACE = {"names-that-look-like-scalars": ("123", "2024"),
@@ -147,6 +174,30 @@ SCHEMA_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
     "redis-on-a-unix-socket": ({"redis": {"enabled": False, "url": "unix:///run/redis.sock"}}, "/redis/url"),
     "model-with-a-trailing-space": ({"pools": [_pool(model="meta-llama/Llama-3.1-8B-Instruct ")]}, "/pools/0/model"),
     "served-name-with-a-leading-space": ({"pools": [_pool(servedModelName=" llama")]}, "/pools/0/servedModelName"),
+    # Kubernetes refuses an EnvVar whose value is a number
+    "env-value-a-number": ({"router": {"env": [{"name": "BEAR_ROUTER_TTFT_FEEDBACK_WINDOW", "value": 64}]}},
+                           "'/router/env/0/value': got number, want string"),
+    "sidecar-env-value-a-number": ({"vllm": {"snapshotter": {"env": [{"name": "BEAR_CALIBRATION_WINDOW",
+                                                                      "value": 4000}]}}},
+                                   "'/vllm/snapshotter/env/0/value': got number, want string"),
+    "env-entry-with-a-misspelt-key": ({"estimator": {"env": [{"name": "A", "vaule": "1"}]}},
+                                      "additional properties 'vaule'"),
+    "env-without-a-name": ({"vllm": {"env": [{"value": "1"}]}}, "'/vllm/env/0': missing property 'name'"),
+    "env-with-an-empty-name": ({"predictor": {"env": [{"name": "", "value": "1"}]}}, "/predictor/env/0/name"),
+    "redis-url-port-over-65535": ({"redis": {"enabled": False, "url": "redis://redis.cache:99999/0"}}, "/redis/url"),
+    "redis-url-port-0": ({"redis": {"enabled": False, "url": "redis://redis.cache:0/0"}}, "/redis/url"),
+    "redis-url-database-query-not-a-number": ({"redis": {"enabled": False, "url": "redis://redis.cache:6379?db=x"}},
+                                              "/redis/url"),
+    "disruption-budget-over-100-percent": ({"vllm": {"podDisruptionBudget": {"enabled": True,
+                                                                             "maxUnavailable": "150%"}}},
+                                           "/vllm/podDisruptionBudget/maxUnavailable"),
+    "predictor-disruption-budget-over-100-percent": ({"predictor": {"podDisruptionBudget": {
+        "enabled": True, "maxUnavailable": "101%"}}}, "/predictor/podDisruptionBudget/maxUnavailable"),
+    "artifact-configmap-name-not-a-dns-name": ({"predictor": {"artifact": {"source": "configMap",
+                                                                           "configMap": {"name": "My_CM"}}}},
+                                               "/predictor/artifact/configMap/name"),
+    "service-account-name-not-a-dns-name": ({"serviceAccount": {"create": True, "name": "My_SA"}},
+                                            "/serviceAccount/name"),
 }
 # name → (values, what the error must say); refused by the templates' own checks
 TEMPLATE_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
@@ -209,13 +260,56 @@ TEMPLATE_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
                                  "rank 0 only"),
     "env-given-twice": ({"router": {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}},
                         "router.env: A is given twice"),
-    "env-without-a-name": ({"vllm": {"env": [{"value": "1"}]}}, "vllm.env[0]: an environment entry needs a name"),
     "pre-stop-sleep-outlasting-the-grace-period": ({"vllm": {"preStopSleepSeconds": 180}},
                                                    "vllm.preStopSleepSeconds (180) must be shorter than "
                                                    "vllm.terminationGracePeriodSeconds (120)"),
     "autoscaling-without-a-cpu-request": ({"router": {"autoscaling": {"enabled": True},
                                                       "resources": {"requests": {"cpu": None}}}},
                                           "set router.resources.requests.cpu"),
+    # vLLM's parser takes any unambiguous prefix of a flag
+    "extra-args-abbreviated-tensor-parallel": ({"vllm": {"extraArgs": ["--tensor-parallel", "1"]}},
+                                               "vllm.extraArgs: --tensor-parallel (--tensor-parallel-size abbreviated) "
+                                               "is a flag the chart sets for pools[default]"),
+    "extra-args-abbreviated-engine-setting": ({"pools": [_pool(engine={"maxNumSeqs": 64})],
+                                              "vllm": {"extraArgs": ["--max_num_seq=128"]}},
+                                             "vllm.extraArgs: --max_num_seq=128 (--max-num-seqs abbreviated) is a"),
+    "extra-args-abbreviated-served-model-name": ({"vllm": {"extraArgs": ["--served-model", "x"]}},
+                                                 "--served-model (--served-model-name abbreviated) is a flag"),
+    "extra-args-abbreviated-no-async-scheduling": ({"vllm": {"extraArgs": ["--no-async-sched"]}},
+                                                   "--no-async-sched (--no-async-scheduling abbreviated) is a flag"),
+    "extra-args-abbreviated-short-tensor-parallel": ({"vllm": {"extraArgs": ["-t", "2"]}},
+                                                     "vllm.extraArgs: -t (-tp abbreviated) is a flag"),
+    "extra-args-abbreviated-data-parallel": ({"vllm": {"extraArgs": ["--data-parallel-s=2"]}},
+                                             "vllm.extraArgs: --data-parallel-s=2: BEAR's snapshotter observes"),
+    "gpus-short-of-an-abbreviated-pipeline": ({"vllm": {"extraArgs": ["--pipeline-parallel=2"]}, "pools": [_pool()]},
+                                              "gpusPerReplica (1) is not tensorParallelSize (1) x the "
+                                              "pipeline-parallel size of vllm.extraArgs (2)"),
+    "poll-interval-in-the-sidecar-env-within-the-snapshot-age": (
+        {"vllm": {"snapshotter": {"env": [{"name": "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS", "value": "2000"}]}}},
+        "estimator.maxSnapshotAgeSeconds (1) must exceed the snapshotters' read interval "
+        "(BEAR_SNAPSHOTTER_POLL_INTERVAL_MS in vllm.snapshotter.env, 2 s)"),
+    "snapshot-age-in-the-estimator-env-within-the-idle-refresh": (
+        {"estimator": {"maxSnapshotAgeSeconds": 5, "env": [{"name": "BEAR_MAX_SNAPSHOT_AGE_S", "value": "0.4"}]}},
+        "BEAR_MAX_SNAPSHOT_AGE_S in estimator.env (0.4) must exceed the snapshotters' idle refresh interval"),
+    "refresh-in-the-sidecar-env-not-a-number": (
+        {"vllm": {"snapshotter": {"env": [{"name": "BEAR_SNAPSHOT_REFRESH_S", "value": "abc"}]}}},
+        'vllm.snapshotter.env: BEAR_SNAPSHOT_REFRESH_S must be a number, got "abc"'),
+    "snapshot-age-in-the-estimator-env-not-a-number": (
+        {"estimator": {"env": [{"name": "BEAR_MAX_SNAPSHOT_AGE_S", "value": "1s"}]}},
+        'estimator.env: BEAR_MAX_SNAPSHOT_AGE_S must be a number, got "1s"'),
+    "snapshot-region-in-the-vllm-env": ({"vllm": {"env": [{"name": "BEAR_SNAPSHOT_REGION", "value": "other"}]}},
+                                        "vllm.env: BEAR_SNAPSHOT_REGION would name the shared-memory region of one "
+                                        "container only"),
+    "snapshot-region-in-the-sidecar-env": ({"vllm": {"snapshotter": {"env": [{"name": "BEAR_SNAPSHOT_REGION",
+                                                                               "value": "other"}]}}},
+                                           "vllm.snapshotter.env: BEAR_SNAPSHOT_REGION would name the shared-memory "
+                                           "region of one container only (vLLM's plugin writes it, the sidecar reads "
+                                           "it): set vllm.snapshotter.region instead"),
+    "bundled-redis-with-a-url": ({"redis": {"enabled": True, "url": "redis://redis.cache:6379/0"}},
+                                 "redis.url is set, but redis.enabled=true deploys the bundled Redis"),
+    "batch-budget-below-max-num-seqs": ({"pools": [_pool(engine={"maxNumBatchedTokens": 256, "maxNumSeqs": 1024})]},
+                                        "pools[p]: engine.maxNumBatchedTokens (256) is below engine.maxNumSeqs (1024): "
+                                        "vLLM refuses to start"),
 }
 
 
@@ -413,6 +507,60 @@ def test_the_operators_env_takes_the_place_of_the_charts(reports: dict[str, Any]
     router = env(container(component(report, "Deployment", "router"), "router"))
     assert router["BEAR_DEFAULT_POLICY"] == "score" and router["HOME"] == "/tmp"
     assert router["OTEL_RESOURCE_ATTRIBUTES"].endswith(",service.version=0.1.0")  # nothing of a null
+
+
+
+def test_env_values_that_look_like_numbers_stay_strings(reports: dict[str, Any]) -> None:
+    report = reports["env-values-that-look-like-numbers"]
+    router = env(container(component(report, "Deployment", "router"), "router"))
+    assert router["BEAR_ROUTER_TTFT_FEEDBACK_WINDOW"] == "64"
+    (engine,) = engines(report).values()
+    assert env(container(engine, "snapshotter"))["BEAR_CALIBRATION_WINDOW"] == "4000"
+    predictor = env(container(component(report, "Deployment", "predictor"), "predictor"))
+    assert predictor["HF_TOKEN"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
+
+
+def test_the_snapshot_settings_given_through_env_are_the_ones_checked_and_rendered(reports: dict[str, Any]) -> None:
+    """The estimator's env sets a 3 s age limit over the 2 s read interval of the sidecars' env (1.0 s, the value's,
+    would be refused): the check reads what the containers get."""
+    report = reports["snapshot-settings-through-env"]
+    assert env(container(component(report, "Deployment", "estimator"), "estimator"))["BEAR_MAX_SNAPSHOT_AGE_S"] == " 3 "
+    (engine,) = engines(report).values()
+    sidecar = env(container(engine, "snapshotter"))
+    assert sidecar["BEAR_SNAPSHOTTER_POLL_INTERVAL_MS"] == "2e3" and sidecar["BEAR_SNAPSHOT_REFRESH_S"] == "1.5"
+
+
+def test_both_containers_of_an_engine_pod_name_the_same_region(reports: dict[str, Any]) -> None:
+    (engine,) = engines(reports["snapshot-region-renamed"]).values()
+    assert env(container(engine, "vllm"))["BEAR_SNAPSHOT_REGION"] == "bear-snapshot-2"
+    assert env(container(engine, "snapshotter"))["BEAR_SNAPSHOT_REGION"] == "bear-snapshot-2"
+
+
+@pytest.mark.parametrize("url", [
+    "redis://r", "redis://r:1", "redis://r:65535/15", "redis://r:06379/0", "rediss://u:p@r:6380/0",
+    "redis://[fd00::5]:6379/0", "redis://r:6379?db=2", "redis://r?x=1&db=3", "redis://r?db=", "redis://r/",
+    "redis://r:0/0", "redis://r:99999/0", "redis://r:65536", "redis://r:6379?db=x", "redis://r?a=1&db=x",
+    "redis://r?db=1&db=x", "redis://r:6379/cache", "redis://", "redis://r:notaport/0", "redis://r?db=1+"])
+def test_the_schema_takes_a_redis_url_where_bears_services_do(url: str) -> None:
+    """redis.url's pattern against bear.common.redis_config, which every pod runs at start."""
+    from bear.common.redis_config import RedisConfig
+
+    pattern = json.loads((CHART / "values.schema.json").read_text())["properties"]["redis"]["properties"]["url"]
+    try:
+        RedisConfig(url=url)
+        accepted = True
+    except ValueError:
+        accepted = False
+    assert bool(re.search(pattern["pattern"], url)) is accepted
+
+
+def test_names_that_are_dns_subdomains_are_used_as_given(reports: dict[str, Any]) -> None:
+    report = reports["names-that-are-dns-subdomains"]
+    assert list(of_kind(report, "ServiceAccount")) == ["007"]
+    assert component(report, "Deployment", "router")["spec"]["template"]["spec"]["serviceAccountName"] == "007"
+    predictor = component(report, "Deployment", "predictor")
+    (volume,) = [v for v in predictor["spec"]["template"]["spec"]["volumes"] if v["name"] == "predictor-artifact"]
+    assert volume["configMap"]["name"] == "bear.predictor-v3"
 
 
 # --- the pools --------------------------------------------------------------------------------------------------------
@@ -746,7 +894,9 @@ def test_a_digest_pins_the_image_it_was_given_for_and_no_other(reports: dict[str
 
 def test_a_pod_gets_the_gpus_of_its_tensor_and_pipeline_parallelism(reports: dict[str, Any]) -> None:
     for case, expected in (("pipeline-parallel", {"a": (8, "4"), "b": (2, "1"), "cpu": (None, None)}),
-                           ("pipeline-parallel-short-flag", {"a": (8, "2")})):
+                           ("pipeline-parallel-short-flag", {"a": (8, "2")}),
+                           ("pipeline-parallel-abbreviated", {"a": (4, "2")}),
+                           ("pipeline-parallel-shortest-abbreviation", {"a": (4, "1")})):
         for pool, (gpus, tensor_parallel) in expected.items():
             vllm = container(engines(reports[case])[pool], "vllm")
             assert vllm.get("resources", {}).get("limits", {}).get("nvidia.com/gpu") == gpus, (case, pool)

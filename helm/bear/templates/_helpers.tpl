@@ -246,6 +246,9 @@ otherwise left to the order. */}}
 {{- if or (not (kindIs "map" $entry)) (not (get $entry "name")) -}}
 {{- fail (printf "%s[%d]: an environment entry needs a name (name: ..., value: ... or valueFrom: ...)" $.field $i) -}}
 {{- end -}}
+{{- if and (hasKey $entry "value") (not (kindIs "string" $entry.value)) -}}
+{{- fail (printf "%s[%d]: the value of %s must be a string (quote a number: \"64\")" $.field $i $entry.name) -}}
+{{- end -}}
 {{- if hasKey $extra (toString $entry.name) -}}
 {{- fail (printf "%s: %s is given twice" $.field $entry.name) -}}
 {{- end -}}
@@ -335,6 +338,7 @@ whose vLLM metrics are to be scraped instead). (dict "root" $ "port" 9464 "extra
 {{- fail "rbac.create would let the namespace's default service account, which every pod without one uses, read pods: with serviceAccount.create=false, set serviceAccount.name to the account the router and the estimator run as" -}}
 {{- end -}}
 {{- include "bear.validateSnapshotAge" . -}}
+{{- include "bear.validateEngineEnv" . -}}
 {{- $pipelineParallel := int (include "bear.pipelineParallelSize" .Values.vllm.extraArgs) -}}
 {{- $names := list -}}
 {{- range .Values.pools -}}
@@ -343,6 +347,10 @@ whose vLLM metrics are to be scraped instead). (dict "root" $ "port" 9464 "extra
 {{- end -}}
 {{- $names = append $names .name -}}
 {{- include "bear.validateExtraArgs" (dict "pool" . "args" $.Values.vllm.extraArgs) -}}
+{{- $engine := default (dict) .engine -}}
+{{- if and $engine.maxNumBatchedTokens $engine.maxNumSeqs (lt (int $engine.maxNumBatchedTokens) (int $engine.maxNumSeqs)) -}}
+{{- fail (printf "pools[%s]: engine.maxNumBatchedTokens (%v) is below engine.maxNumSeqs (%v): vLLM refuses to start (a step must have a token for every running request)" .name $engine.maxNumBatchedTokens $engine.maxNumSeqs) -}}
+{{- end -}}
 {{- $gpus := int .gpusPerReplica -}}
 {{- $tensorParallel := int (default 1 .tensorParallelSize) -}}
 {{- if and (gt $gpus 0) (gt $tensorParallel $gpus) -}}
@@ -387,6 +395,9 @@ whose vLLM metrics are to be scraped instead). (dict "root" $ "port" 9464 "extra
 {{- if and $redis.enabled $tls.enabled -}}
 {{- fail "redis.tls applies to an external Redis: set redis.enabled=false and redis.url" -}}
 {{- end -}}
+{{- if and $redis.enabled $redis.url -}}
+{{- fail "redis.url is set, but redis.enabled=true deploys the bundled Redis and BEAR would use that instead: set redis.enabled=false to use redis.url, or leave redis.url empty" -}}
+{{- end -}}
 {{- if ne (empty $tls.certKey) (empty $tls.keyKey) -}}
 {{- fail "redis.tls.certKey and redis.tls.keyKey go together (the client certificate and its key)" -}}
 {{- end -}}
@@ -399,8 +410,8 @@ whose vLLM metrics are to be scraped instead). (dict "root" $ "port" 9464 "extra
 {{- end -}}
 
 {{/* Flags of `vllm serve` the chart sets itself, which vllm.extraArgs must not set again (vLLM would take the
-last, and the probes, the pools file or the pool's engine settings would say otherwise): (dict "pool" $pool "args"
-$.Values.vllm.extraArgs) */}}
+last, and the probes, the pools file or the pool's engine settings would say otherwise), in full or abbreviated as
+vLLM's parser takes them (--tensor-parallel 1, --max-num-seq=8): (dict "pool" $pool "args" $.Values.vllm.extraArgs) */}}
 {{- define "bear.validateExtraArgs" -}}
 {{- $engine := default (dict) .pool.engine -}}
 {{- $owned := list "--host" "--port" "--served-model-name" "--scheduler-cls" "--async-scheduling" "--no-async-scheduling" "--tensor-parallel-size" "-tp" -}}
@@ -409,16 +420,34 @@ $.Values.vllm.extraArgs) */}}
 {{- $owned = append $owned $flag -}}
 {{- end -}}
 {{- end -}}
-{{- range .args -}}
-{{- include "bear.checkArgShape" (dict "field" "vllm.extraArgs" "arg" .) -}}
-{{- $flag := include "bear.flagName" . -}}
-{{- if has $flag $owned -}}
-{{- fail (printf "vllm.extraArgs: %s is a flag the chart sets for pools[%s]; set it through the values instead (the pool's engine settings, tensorParallelSize, servedModelName, vllm.port, vllm.asyncScheduling)" (toString .) $.pool.name) -}}
+{{- range $arg := .args -}}
+{{- include "bear.checkArgShape" (dict "field" "vllm.extraArgs" "arg" $arg) -}}
+{{- $flag := include "bear.flagName" $arg -}}
+{{- with include "bear.vllmFlagSet" (dict "name" $flag "flags" $owned) -}}
+{{- $abbreviated := ternary "" (printf " (%s abbreviated)" .) (eq . $flag) -}}
+{{- fail (printf "vllm.extraArgs: %s%s is a flag the chart sets for pools[%s]; set it through the values instead (the pool's engine settings, tensorParallelSize, servedModelName, vllm.port, vllm.asyncScheduling)" (toString $arg) $abbreviated $.pool.name) -}}
 {{- end -}}
-{{- if has $flag (list "--data-parallel-size" "-dp") -}}
-{{- fail (printf "vllm.extraArgs: %s: BEAR's snapshotter observes data-parallel rank 0 only (the others' state would be invisible to routing); scale a pool with replicas instead" (toString .)) -}}
+{{- if include "bear.vllmFlagSet" (dict "name" $flag "flags" (list "--data-parallel-size" "-dp")) -}}
+{{- fail (printf "vllm.extraArgs: %s: BEAR's snapshotter observes data-parallel rank 0 only (the others' state would be invisible to routing); scale a pool with replicas instead" (toString $arg)) -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The flag of `flags` that an argument's flag `name` (bear.flagName) sets as vLLM's parser reads it, or nothing:
+the flag itself or a prefix of it, which argparse takes as an abbreviation (--tensor-parallel for
+--tensor-parallel-size, -t for -tp) or refuses as ambiguous. No flag of vLLM 0.32 is a prefix of one the chart
+owns, so such a prefix never names a flag of its own: (dict "name" "--tensor-parallel" "flags" (list ...)) */}}
+{{- define "bear.vllmFlagSet" -}}
+{{- $name := .name -}}
+{{- $set := "" -}}
+{{- if and (hasPrefix "-" $name) (trimAll "-" $name) -}}
+{{- range .flags -}}
+{{- if and (not $set) (hasPrefix $name .) -}}
+{{- $set = . -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $set -}}
 {{- end -}}
 
 {{/* Flags of `bear serve <component>` the chart sets itself, as arguments or through the environment, which its
@@ -455,14 +484,15 @@ program as a single unknown flag: (dict "field" "vllm.extraArgs" "arg" $arg) */}
 {{- end -}}
 
 {{/* vLLM's --pipeline-parallel-size (-pp) as vllm.extraArgs sets it for every pool, 1 where it does not: the GPUs
-of a pool's pod are its tensorParallelSize times this. Takes vllm.extraArgs. */}}
+of a pool's pod are its tensorParallelSize times this. Abbreviated too, as vLLM's parser reads it: any prefix from
+--pi on (no other flag of vLLM 0.32 starts so). Takes vllm.extraArgs. */}}
 {{- define "bear.pipelineParallelSize" -}}
 {{- $size := 1 -}}
 {{- $args := . -}}
 {{- range $i, $arg := $args -}}
 {{- $parts := splitList "=" (toString $arg) -}}
 {{- $flag := include "bear.flagName" $arg -}}
-{{- if has $flag (list "--pipeline-parallel-size" "-pp") -}}
+{{- if or (eq $flag "-pp") (and (hasPrefix "--pi" $flag) (hasPrefix $flag "--pipeline-parallel-size")) -}}
 {{- if gt (len $parts) 1 -}}
 {{- $size = int (index $parts 1) -}}
 {{- else if lt (add1 $i) (len $args) -}}
@@ -475,19 +505,49 @@ of a pool's pod are its tensorParallelSize times this. Takes vllm.extraArgs. */}
 
 {{/* The estimator's age limit must exceed the interval at which the snapshotters republish an idle engine's state
 (BEAR_SNAPSHOT_REFRESH_S, 0.5 s unless vllm.snapshotter.env says otherwise) and the one at which they read the engine
-(vllm.snapshotter.pollIntervalMs): instances would fall back to LPS between two refreshes or reads. */}}
+(vllm.snapshotter.pollIntervalMs): instances would fall back to LPS between two refreshes or reads. Each setting as
+the service gets it: from the `env` entry that replaces the chart's where there is one. */}}
 {{- define "bear.validateSnapshotAge" -}}
-{{- $refresh := 0.5 -}}
-{{- range .Values.vllm.snapshotter.env -}}
-{{- if and (eq (toString .name) "BEAR_SNAPSHOT_REFRESH_S") .value -}}
-{{- $refresh = float64 .value -}}
+{{- $snapshotter := .Values.vllm.snapshotter -}}
+{{- $age := include "bear.numberSetting" (dict "env" .Values.estimator.env "envField" "estimator.env" "name" "BEAR_MAX_SNAPSHOT_AGE_S" "value" .Values.estimator.maxSnapshotAgeSeconds "field" "estimator.maxSnapshotAgeSeconds") | fromJson -}}
+{{- $refresh := include "bear.numberSetting" (dict "env" $snapshotter.env "envField" "vllm.snapshotter.env" "name" "BEAR_SNAPSHOT_REFRESH_S" "value" 0.5 "field" "BEAR_SNAPSHOT_REFRESH_S") | fromJson -}}
+{{- $pollMs := include "bear.numberSetting" (dict "env" $snapshotter.env "envField" "vllm.snapshotter.env" "name" "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS" "value" (default 5 $snapshotter.pollIntervalMs) "field" "vllm.snapshotter.pollIntervalMs") | fromJson -}}
+{{- if le $age.value $refresh.value -}}
+{{- fail (printf "%s (%v) must exceed the snapshotters' idle refresh interval (BEAR_SNAPSHOT_REFRESH_S, %v s): an idle instance's snapshot is that old before its next refresh, and would fall back to LPS" $age.field $age.value $refresh.value) -}}
+{{- end -}}
+{{- $poll := divf $pollMs.value 1000 -}}
+{{- if le $age.value $poll -}}
+{{- fail (printf "%s (%v) must exceed the snapshotters' read interval (%s, %v s): a snapshot is that old before the next read, and would fall back to LPS" $age.field $age.value $pollMs.field $poll) -}}
 {{- end -}}
 {{- end -}}
-{{- if le (float64 .Values.estimator.maxSnapshotAgeSeconds) $refresh -}}
-{{- fail (printf "estimator.maxSnapshotAgeSeconds (%v) must exceed the snapshotters' idle refresh interval (BEAR_SNAPSHOT_REFRESH_S, %v s): an idle instance's snapshot is that old before its next refresh, and would fall back to LPS" .Values.estimator.maxSnapshotAgeSeconds $refresh) -}}
+
+{{/* A numeric setting as its service gets it, as JSON {"value": the number, "field": where it is set}: the value
+of the variable `name` in an operator's `env` list (which replaces the chart's entry) where that gives one, else
+`value` from the values' `field`; env text that is not a number is refused, naming the list. (dict "env"
+$.Values.estimator.env "envField" "estimator.env" "name" "BEAR_MAX_SNAPSHOT_AGE_S" "value" 1.0 "field"
+"estimator.maxSnapshotAgeSeconds") */}}
+{{- define "bear.numberSetting" -}}
+{{- $setting := dict "value" (float64 .value) "field" .field -}}
+{{- range .env -}}
+{{- if and (eq (toString .name) $.name) (kindIs "string" .value) (trim (toString .value)) -}}
+{{- $text := trim .value -}}
+{{- if not (regexMatch "^[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][+-]?[0-9]+)?$" $text) -}}
+{{- fail (printf "%s: %s must be a number, got %q" $.envField $.name .value) -}}
 {{- end -}}
-{{- $poll := divf (float64 (default 5 .Values.vllm.snapshotter.pollIntervalMs)) 1000 -}}
-{{- if le (float64 .Values.estimator.maxSnapshotAgeSeconds) $poll -}}
-{{- fail (printf "estimator.maxSnapshotAgeSeconds (%v) must exceed the snapshotters' read interval (vllm.snapshotter.pollIntervalMs, %v s): a snapshot is that old before the next read, and would fall back to LPS" .Values.estimator.maxSnapshotAgeSeconds $poll) -}}
+{{- $setting = dict "value" (float64 $text) "field" (printf "%s in %s" $.name $.envField) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $setting -}}
+{{- end -}}
+
+{{/* BEAR_SNAPSHOT_REGION names the region that vLLM's plugin writes and the sidecar reads: set in one container's
+env, it would change in that one only, and the pod would never become ready. */}}
+{{- define "bear.validateEngineEnv" -}}
+{{- range $field, $env := dict "vllm.env" .Values.vllm.env "vllm.snapshotter.env" .Values.vllm.snapshotter.env -}}
+{{- range $env -}}
+{{- if eq (toString .name) "BEAR_SNAPSHOT_REGION" -}}
+{{- fail (printf "%s: BEAR_SNAPSHOT_REGION would name the shared-memory region of one container only (vLLM's plugin writes it, the sidecar reads it): set vllm.snapshotter.region instead" $field) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
