@@ -157,6 +157,10 @@ def grpc_target_problem(name: str, target: str) -> str | None:
     """Why `target` (the setting `name`) is no gRPC address — host:port, [IPv6]:port or a gRPC resolver's target
     (dns:///host:port, unix:/path, ...) — or None. A URL or a missing port would leave the caller degraded for good
     (an http:// scheme is no gRPC resolver; without a port gRPC dials 443)."""
+    try:
+        target.encode("utf-8")
+    except UnicodeEncodeError:  # an undecodable byte from the command line or the environment
+        return f"{name} is not UTF-8 text: got {target!r}"
     if target.lower().startswith(_GRPC_SCHEMES):
         return None
     if "://" in target:

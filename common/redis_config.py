@@ -49,6 +49,9 @@ class RedisConfig:
     embedded_path: str = os.path.join(tempfile.gettempdir(), "bear-redis.db")
 
     def __post_init__(self) -> None:
+        for name, text in (("BEAR_REDIS_URL (--redis-url)", self.url), ("BEAR_REDIS_PASSWORD", self.password)):
+            if text and not _is_utf8(text):  # an undecodable byte of the environment: the client could not send it
+                raise ValueError(f"{name}: not UTF-8 text (it holds a byte that is not)")
         problem = _url_problem(self.url) if self.url else None
         if problem is not None:
             raise ValueError(f"BEAR_REDIS_URL (--redis-url): {problem}")
@@ -94,6 +97,14 @@ class RedisConfig:
         parts = urlsplit(self.url)
         host = parts.hostname or parts.path
         return f"{parts.scheme}://{host}{f':{parts.port}' if parts.port else ''}{' with TLS' if self.uses_tls else ''}"
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _url_problem(url: str) -> str | None:

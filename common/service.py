@@ -48,6 +48,7 @@ EXIT_BAD_INPUT = 2
 # gRPC sets SO_REUSEPORT on Linux by default: a second server on a port in use would start and share its calls.
 SERVER_OPTIONS = (("grpc.so_reuseport", 0),)
 GRPC_DEFAULT_MAX_RECEIVE_BYTES = 4 * 1024 * 1024
+BACKGROUND_STOP_S = 2.0  # at shutdown, for the background tasks to unwind once cancelled
 TRACING_FLUSH_S = 2.0  # at shutdown, for the queued spans (an unreachable collector must not hold the exit)
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 TRACES_EXPORTERS = ("otlp", "console", "none")
@@ -234,6 +235,8 @@ async def start_server(settings: ServerSettings, register: Register, on_stop: It
     address = f"{settings.host}:{settings.grpc_port}"
     try:
         port = server.add_insecure_port(address)
+    except UnicodeEncodeError:  # an undecodable byte from the command line or the environment
+        raise ServiceStartError(f"{_command(settings)}: --host {settings.host!r} is not UTF-8 text") from None
     except RuntimeError:  # "Failed to bind to address ..."
         port = 0
     if port == 0:
@@ -345,6 +348,8 @@ async def serve_until_stopped(settings: ServerSettings, register: Register,
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     tasks = [asyncio.create_task(task()) for task in background]
+    for task in tasks:
+        task.add_done_callback(_report_early_end(stop))
     logger.info("%s listening on port %d (metrics: %s)", settings.service_name, running.port,
                 "off" if metrics_port is None else metrics_port)
     on_ready(running.port, metrics_port)
@@ -352,7 +357,24 @@ async def serve_until_stopped(settings: ServerSettings, register: Register,
     logger.info("%s shutting down", settings.service_name)
     for task in tasks:
         task.cancel()
+    if tasks:  # unwound before what they use (Redis clients, channels) is closed after this returns
+        await asyncio.wait(tasks, timeout=BACKGROUND_STOP_S)
     await running.stop()
+
+
+def _report_early_end(stop: asyncio.Event) -> Callable[[asyncio.Task[None]], None]:
+    """A done-callback for a background task: one that ends before shutdown, with an error or not, is logged (its
+    work, such as a snapshot feed, has stopped); at shutdown, what a task raised while unwinding is dropped."""
+    def report(task: asyncio.Task[None]) -> None:
+        error = None if task.cancelled() else task.exception()  # retrieved either way
+        if stop.is_set():
+            return
+        if error is not None:
+            logger.error("background task %s ended with an error; its work has stopped", task.get_name(),
+                         exc_info=error)
+        else:
+            logger.error("background task %s ended; its work has stopped", task.get_name())
+    return report
 
 
 # Requests that do not decode -------------------------------------------------------------------------------------

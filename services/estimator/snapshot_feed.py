@@ -178,11 +178,17 @@ class SnapshotFeed:
                 self._estimator.feed_cut_off = True
                 honour_cancellation()
                 await asyncio.sleep(self._redis_failed(backoff, "subscription", error))
+            except Exception:  # noqa: BLE001 - a bug or a failure no check foresaw must not end the feed for good
+                self.stats.subscribed = False
+                self._estimator.feed_cut_off = True
+                logger.exception("estimator feed: the subscription failed")
+                honour_cancellation()
+                await asyncio.sleep(backoff.failed())
             finally:
                 self.stats.subscribed = False
                 try:
                     await asyncio.wait_for(pubsub.aclose(), self._settings.redis_deadline_s)
-                except _REDIS_ERRORS:
+                except Exception:  # noqa: BLE001 - the connection is dropped either way
                     pass
 
     async def _adopt_forever(self) -> None:

@@ -88,6 +88,8 @@ def route_request(*, prompt: str | None, prompt_tokens: int | None, ttft_slo_ms:
     models = list(allowed_models) if isinstance(allowed_models, Iterable) else None  # a generator is read once
     if models is None or not all(isinstance(m, str) for m in models):
         raise ValueError(f"allowed_models must be a sequence of model names, got {allowed_models!r}")
+    for index, model in enumerate(models):
+        _require_text(f"allowed_models[{index}]", model)
     _require_text("prompt", prompt)
     _require_text("policy", policy)
     _require_text("request_id", request_id)
@@ -131,6 +133,11 @@ def _require_text(name: str, value: object) -> None:
     """A string field (protobuf would raise TypeError naming no field)."""
     if value is not None and not isinstance(value, str):
         raise ValueError(f"{name} must be a string, got {value!r}")
+    if value is not None and not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:  # a lone surrogate: protobuf would raise naming no field
+            raise ValueError(f"{name} is not valid Unicode text: {error.reason} at position {error.start}") from None
 
 
 def _require_number(name: str, value: object) -> None:

@@ -17,8 +17,8 @@ without BEAR_, in lower case, e.g. `default_policy: bear`):
     BEAR_ROUTER_REDIS_TIMEOUT_MS       deadline of the router's Redis calls (default 50, at most 60000); after a
                                        failure Redis is left alone for 0.5 s
     BEAR_LAMBDA_PER_MICRO_USD          cost weight λ of eq. 4 for requests that give none (default 5e-4)
-    BEAR_ROUTER_HORIZON_FACTOR         replays stop at this × the TTFT target + 1 s (default 4)
-    BEAR_ROUTER_MAX_TTFT_SLO_MS        largest TTFT target accepted (default 600000)
+    BEAR_ROUTER_HORIZON_FACTOR         replays stop at this × the TTFT target + 1 s (default 4, at most 1000)
+    BEAR_ROUTER_MAX_TTFT_SLO_MS        largest TTFT target accepted (default 600000, at most 86400000)
     BEAR_ROUTER_MAX_PROMPT_BYTES       largest prompt text accepted, UTF-8 bytes (default 1000000, at most 256 MiB;
                                        the server takes messages of twice that, so a larger prompt is refused by
                                        name, not by gRPC's own message limit)
@@ -67,6 +67,8 @@ from bear.router.query import MAX_WEIGHT
 
 TOKENIZERS = ("qwen", "pretokens")
 MAX_PROMPT_BYTES_LIMIT = 256 * 1024 * 1024
+MAX_HORIZON_FACTOR = 1000.0
+MAX_TTFT_SLO_LIMIT_MS = 86_400_000.0  # BEAR_ROUTER_MAX_TTFT_SLO_MS at most: a day
 MAX_TIMEOUT_S = 60.0  # the deadlines of the calls to the predictor, the estimator and Redis at most
 ENVIRONMENT = (
     "BEAR_ROUTER_HOST", "BEAR_ROUTER_GRPC_PORT", "BEAR_ROUTER_METRICS_PORT", "BEAR_ESTIMATOR_ADDRESS",
@@ -141,6 +143,11 @@ class RouterConfig:
                             ("BEAR_ROUTER_FORGET_AFTER_S", self.forget_after_s),
                             ("BEAR_ROUTER_FALLBACK_SNAPSHOT_AGE_S", self.fallback_snapshot_max_age_s)):
             _require(math.isfinite(value) and value > 0, f"{name} must be > 0, got {value!r}")
+        # The replay's horizon, horizon_factor × the target + 1 s, must stay a finite number of milliseconds.
+        _require(self.horizon_factor <= MAX_HORIZON_FACTOR,
+                 f"BEAR_ROUTER_HORIZON_FACTOR must be at most {MAX_HORIZON_FACTOR:g}, got {self.horizon_factor!r}")
+        _require(self.max_ttft_slo_ms <= MAX_TTFT_SLO_LIMIT_MS, f"BEAR_ROUTER_MAX_TTFT_SLO_MS must be at most "
+                 f"{MAX_TTFT_SLO_LIMIT_MS:g} (a day), got {self.max_ttft_slo_ms!r}")
         for name, value in (("BEAR_ROUTER_ESTIMATOR_TIMEOUT_MS", self.estimator_timeout_s),
                             ("BEAR_ROUTER_PREDICTOR_TIMEOUT_MS", self.predictor_timeout_s),
                             ("BEAR_ROUTER_REDIS_TIMEOUT_MS", self.redis_timeout_s)):

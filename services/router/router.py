@@ -45,6 +45,7 @@ from bear.router.query import (
 from bear.router.recent import RecentDispatches, ReportedIds
 from bear.router.recorder import DispatchRecorder
 from bear.router.signals import (
+    SKIPPED,
     DependencyUnavailable,
     InstanceEstimate,
     ModelPrediction,
@@ -134,6 +135,7 @@ class Router:
         self._reported = ReportedIds()
         self._recorder = DispatchRecorder(store, telemetry.tracer, telemetry.metrics)
         self._loaded = False
+        self._refresh_failures = 0  # refreshes in a row that Redis failed (logged at the first and every 20th)
         self._first_load: asyncio.Future[None] | None = None
         self._routable: frozenset[str] = frozenset()  # as of the last refresh, for the log of its changes
 
@@ -435,8 +437,17 @@ class Router:
             self._pool.update_registrations(found, self._clock(), redis_new)
             if redis_new:
                 self._record_again()
+            if self._refresh_failures:
+                logger.info("Redis answered again: instance registrations read (after %d failed refreshes)",
+                            self._refresh_failures)
+                self._refresh_failures = 0
         except DependencyUnavailable as error:
             self._metrics.dependency_failed("redis", error.code)
+            if error.code != SKIPPED:
+                self._refresh_failures += 1
+                if self._refresh_failures == 1 or self._refresh_failures % 20 == 0:
+                    logger.warning("reading the instance registrations from Redis failed (%d in a row; the "
+                                   "instances stay as they were): %s", self._refresh_failures, error)
         except Exception:  # noqa: BLE001 - a bug or a value no check foresaw: the registrations stay as they were
             logger.exception("refreshing the instance registrations failed; kept as they were")
             self._metrics.dependency_failed("redis", "INTERNAL")

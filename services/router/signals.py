@@ -25,6 +25,10 @@ from bear.routing.observations import RESIDUAL_WINDOW, InstanceObservations, ttf
 
 
 SKIPPED = "SKIPPED"  # DependencyUnavailable's code for a call not made (the Redis store's back-off after a failure)
+# Codes of a dependency that did not answer in time or at all; any other (INVALID_ARGUMENT, INTERNAL, ...) answered
+# with an error, and the reason says it "failed" (the router's or the service's bug, not the network).
+_NOT_ANSWERED = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "RESOURCE_EXHAUSTED", SKIPPED,
+                           "NO_PREDICTION"})
 
 
 class DependencyUnavailable(Exception):
@@ -32,7 +36,8 @@ class DependencyUnavailable(Exception):
     failures too: DEADLINE_EXCEEDED, UNAVAILABLE, UNAUTHENTICATED, INTERNAL), NO_PREDICTION, or SKIPPED."""
 
     def __init__(self, service: str, code: str, detail: str = "") -> None:
-        super().__init__(f"{service} unavailable ({code}{': ' + detail if detail else ''})")
+        verb = "unavailable" if code in _NOT_ANSWERED else "failed"
+        super().__init__(f"{service} {verb} ({code}{': ' + detail if detail else ''})")
         self.service, self.code, self.detail = service, code, detail
 
 

@@ -96,6 +96,9 @@ class SnapshotterConfig:
         _require(self.instance_id.isprintable() and not any(c.isspace() for c in self.instance_id),
                  f"BEAR_INSTANCE_ID must have no spaces or control characters (as a pools file's ids), got "
                  f"{self.instance_id!r}")
+        _require(0 < len(self.pool) <= 253 and self.pool.isprintable() and not any(c.isspace() for c in self.pool),
+                 f"BEAR_POOL (--pool) must be 1-253 characters without spaces or control characters (a pools file "
+                 f"names a pool by a DNS label), got {self.pool[:80]!r}")
         _require(not self.endpoint or _is_url(self.endpoint),
                  f"BEAR_INSTANCE_ENDPOINT (--endpoint) must be the vLLM server's URL, e.g. http://10.0.0.7:8000, "
                  f"got {self.endpoint!r}")

@@ -65,6 +65,12 @@ def test_a_host_that_is_not_known_names_host(loop: LoopThread) -> None:
         loop.run(start_server(ServerSettings("bear-test", "bad_host", 0, None), _nothing))
 
 
+def test_a_host_with_an_undecodable_byte_names_host(loop: LoopThread) -> None:
+    # a byte of the command line that is not UTF-8 (a lone surrogate in Python); gRPC's error named no flag
+    with pytest.raises(ServiceStartError, match=r"bear serve test: --host 'h\\udcff' is not UTF-8 text"):
+        loop.run(start_server(ServerSettings("bear-test", "h\udcff", 0, None), _nothing))
+
+
 def test_an_ipv6_host_without_brackets_is_told_to_use_them(loop: LoopThread) -> None:
     with pytest.raises(ServiceStartError, match=r"--host ::1: cannot listen on ::1:0: write an IPv6 address in "
                                                 r"brackets, e\.g\. \[::1\]"):

@@ -95,6 +95,16 @@ def test_a_url_the_client_could_not_use_as_written_is_refused_naming_the_setting
         RedisConfig(url=url)
 
 
+@pytest.mark.parametrize("settings, name", [
+    (dict(url="redis://cache:6379/0", password="p\udcff"), "BEAR_REDIS_PASSWORD"),
+    (dict(url="redis://c\udcffche:6379/0"), "BEAR_REDIS_URL"),
+])
+def test_text_with_an_undecodable_byte_is_refused_naming_the_setting(settings: dict[str, str], name: str) -> None:
+    # os.environ holds a byte that is not UTF-8 as a lone surrogate; the client failed on it at its first command
+    with pytest.raises(ValueError, match=f"{name}.*not UTF-8 text"):
+        RedisConfig(**settings)  # type: ignore[arg-type]
+
+
 def test_a_refused_url_is_shown_without_its_password() -> None:
     with pytest.raises(ValueError, match="port") as refused:
         RedisConfig(url="redis://bear:s3cret@cache:99999/0")

@@ -58,6 +58,8 @@ def test_every_setting_is_read() -> None:
     ({"BEAR_CALIBRATION_WINDOW": "99999999999999999999999"}, r"BEAR_CALIBRATION_WINDOW must be in \[8, 100000\]"),
     ({"BEAR_INSTANCE_ID": "pod 7"}, "BEAR_INSTANCE_ID must have no spaces or control characters"),
     ({"BEAR_INSTANCE_ID": "pod-7\nforged log line"}, "BEAR_INSTANCE_ID must have no spaces or control characters"),
+    ({"BEAR_POOL": "p o o l"}, r"BEAR_POOL \(--pool\) must be 1-253 characters without spaces"),
+    ({"BEAR_POOL": "p" * 5000}, r"BEAR_POOL \(--pool\) must be 1-253 characters"),
 ])
 def test_bad_sidecar_settings_name_the_variable(environ: dict[str, str], names: str) -> None:
     with pytest.raises(ValueError, match=names):

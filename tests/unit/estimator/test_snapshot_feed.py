@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Awaitable, Callable
 
@@ -289,6 +290,36 @@ def test_the_feed_rides_out_a_redis_outage() -> None:
         await asyncio.gather(task, return_exceptions=True)
 
     run(test)
+
+
+def test_a_subscription_failing_with_no_redis_error_is_logged_and_retried(caplog: pytest.LogCaptureFixture) -> None:
+    # QA: a password that could not be encoded raised UnicodeEncodeError, which ended the whole feed for good while
+    # the estimator's health still said SERVING.
+    async def test(world: World) -> None:
+        real_pubsub, failures = world.redis.pubsub, [2]
+
+        def pubsub() -> object:
+            channel = real_pubsub()
+            if failures[0] > 0:
+                failures[0] -= 1
+
+                async def subscribe(*channels: object) -> None:
+                    raise UnicodeEncodeError("utf-8", "p\udcff", 1, 2, "surrogates not allowed")
+                channel.subscribe = subscribe  # type: ignore[method-assign]
+            return channel
+
+        world.redis.pubsub = pubsub  # type: ignore[method-assign]
+        task = asyncio.create_task(world.feed.run())
+        await _until(lambda: world.feed.stats.subscribed, timeout_s=10.0)
+        await world.publish(snapshot("a", world.clock(), [decoding("r1")]))
+        await _until(lambda: world.estimator.knows("a") and world.estimator.snapshot("a") is not None)
+        assert not task.done()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    with caplog.at_level(logging.ERROR, logger="bear.estimator"):
+        run(test)
+    assert sum("the subscription failed" in r.message for r in caplog.records) == 2
 
 
 async def _until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:

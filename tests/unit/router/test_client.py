@@ -57,7 +57,13 @@ def test_a_request_carries_the_text_or_the_length_and_only_the_optionals_given()
                                                ({"prompt": "hi", "request_id": 5}, "request_id"),
                                                ({"prompt": "hi", "policy": 1}, "policy"),
                                                ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
-                                               ({"prompt": "hi", "max_tokens": 2.5}, "max_tokens")])
+                                               ({"prompt": "hi", "max_tokens": 2.5}, "max_tokens"),
+                                               # a lone surrogate: protobuf's error named no field
+                                               ({"prompt": "a\ud800"}, "prompt is not valid Unicode"),
+                                               ({"prompt": "hi", "request_id": "r\udcff"}, "request_id"),
+                                               ({"prompt": "hi", "policy": "\ud800"}, "policy"),
+                                               ({"prompt": "hi", "allowed_models": ["Qwen3-8B", "x\ud800"]},
+                                                r"allowed_models\[1\] is not valid Unicode")])
 def test_arguments_that_cannot_make_a_request_are_refused_naming_them(fields: dict[str, object], named: str) -> None:
     with pytest.raises(ValueError, match=named):
         request(**fields)
@@ -86,6 +92,8 @@ def test_deadlines_are_positive_and_none_means_the_clients() -> None:
             outcome_report("r", ttft, tokens, 0.0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="request_id"):
         outcome_report(5, 10.0, 3, 0.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="request_id is not valid Unicode"):
+        outcome_report("r\ud800", 10.0, 3, 0.0)
 
 
 class _Error(grpc.RpcError):

@@ -70,6 +70,9 @@ def test_policy_parameters_are_json() -> None:
     ({"BEAR_LAMBDA_PER_MICRO_USD": "1e300"}, "BEAR_LAMBDA_PER_MICRO_USD must be in"),
     ({"BEAR_ROUTER_TOKENIZER": "gpt"}, "BEAR_ROUTER_TOKENIZER must be one of qwen, pretokens"),
     ({"BEAR_ROUTER_MAX_TTFT_SLO_MS": "nan"}, "BEAR_ROUTER_MAX_TTFT_SLO_MS must be > 0"),
+    # the replay's horizon (factor × target + 1 s) must stay finite: 1e308 made every Route fall back
+    ({"BEAR_ROUTER_MAX_TTFT_SLO_MS": "1e308"}, "BEAR_ROUTER_MAX_TTFT_SLO_MS must be at most 8.64e"),
+    ({"BEAR_ROUTER_HORIZON_FACTOR": "1e308"}, "BEAR_ROUTER_HORIZON_FACTOR must be at most 1000"),
     ({"BEAR_ROUTER_MAX_PROMPT_BYTES": "0"}, r"BEAR_ROUTER_MAX_PROMPT_BYTES must be in \[1, 268435456\]"),
     ({"BEAR_ROUTER_MAX_PROMPT_BYTES": "4000000000"}, "BEAR_ROUTER_MAX_PROMPT_BYTES must be in"),
     ({"BEAR_ROUTER_CALL_STREAMS": "maybe"}, r"BEAR_ROUTER_CALL_STREAMS must be true or false \(on or off\), got 'maybe'"),
@@ -77,6 +80,7 @@ def test_policy_parameters_are_json() -> None:
     ({"BEAR_ESTIMATOR_ADDRESS": "http://bear-estimator:50052"}, "BEAR_ESTIMATOR_ADDRESS is a gRPC address"),
     ({"BEAR_PREDICTOR_ADDRESS": "bear-predictor"}, "BEAR_PREDICTOR_ADDRESS must be host:port"),
     ({"BEAR_PREDICTOR_ADDRESS": "::::"}, "BEAR_PREDICTOR_ADDRESS must be host:port"),
+    ({"BEAR_ESTIMATOR_ADDRESS": "h\udcff:5"}, "BEAR_ESTIMATOR_ADDRESS is not UTF-8 text"),  # an undecodable byte
 ])
 def test_bad_settings_name_the_variable(environ: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -334,6 +334,29 @@ def test_redis_down_loses_the_record_but_not_the_decision() -> None:
     assert record.attributes["bear.error"] == record.status.description  # as every failed stage says it
 
 
+def test_a_failing_redis_is_logged_when_it_starts_failing_and_when_it_answers_again(
+        caplog: pytest.LogCaptureFixture) -> None:
+    harness = make_router()
+    harness.store.down = True
+    with caplog.at_level(logging.INFO, logger="bear.router"):
+        for _ in range(3):
+            asyncio.run(harness.router.refresh_instances())
+        harness.store.down = False
+        asyncio.run(harness.router.refresh_instances())
+    failed = [r for r in caplog.records if "reading the instance registrations from Redis failed" in r.message]
+    assert len(failed) == 1 and "(1 in a row" in failed[0].message and "ConnectionError: down" in failed[0].message
+    assert any("Redis answered again" in r.message and "after 3 failed refreshes" in r.message
+               for r in caplog.records)
+
+
+def test_an_estimator_that_answers_with_an_error_failed_and_was_not_unavailable() -> None:
+    harness = make_router()
+    harness.estimator.error = DependencyUnavailable("estimator", "INVALID_ARGUMENT", "horizon_ms must be finite")
+    result = route(harness)
+    assert result.degraded and result.degraded_reason.startswith(
+        "estimator failed (INVALID_ARGUMENT: horizon_ms must be finite)")
+
+
 def test_no_ready_instance_is_no_instances() -> None:
     harness = make_router(instances=())
     with pytest.raises(NoInstances, match="no ready instance"):
