@@ -76,7 +76,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from bear.predictor.artifact import FORMAT_VERSION, save_problem
+    from bear.predictor.artifact import FORMAT_VERSION, save_problem, write_problem
     from bear.predictor.catalog import PAPER_POOL, read_catalog
     from bear.predictor.evals import read_eval_table
     from bear.predictor.tokenizers import KNOWN_TOKENIZERS
@@ -87,11 +87,9 @@ def _train(args: argparse.Namespace) -> int:
         if problem is not None:
             hint = "" if args.force or save_problem(args.out, True) else " (use --force to replace it)"
             raise _Usage(f"out: {problem}{hint}")
-        try:  # before the training, not after
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise _Usage(f"--out: {args.out}: cannot create the folder {args.out.parent}: "
-                         f"{error.strerror or error}") from None
+        problem = write_problem(args.out)  # before the training, not after
+        if problem is not None:
+            raise _Usage(f"--out: {args.out}: {problem}")
         catalog = read_catalog(args.catalog, KNOWN_TOKENIZERS) if args.catalog else PAPER_POOL
         table = read_eval_table(args.evals)
         start = time.perf_counter()

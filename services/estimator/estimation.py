@@ -57,6 +57,7 @@ from bear.core.result import Infeasibility, ReplayStatus, explain, refused_promp
 from bear.core.state import Arrival, InvalidState, Query, ResidentRequest
 from bear.core.wire import state_from_snapshot
 from bear.estimator.prefix_index import PrefixIndex
+from bear.estimator.remaining import catalogue_name
 from bear.v1 import snapshot_pb2
 
 # E[remaining output tokens] of residents of one model: (model, predicted output tokens at dispatch, tokens generated,
@@ -420,7 +421,8 @@ class Estimator:
             dispatch = instance.dispatches.by_id.get(self._request_key(request.request_id))
             model = dispatch.model if dispatch is not None else instance.model
             predicted = (dispatch.predicted_output_tokens if dispatch is not None
-                         else self._mean_output_tokens.get(model, self._default_output_tokens))
+                         else self._mean_output_tokens.get(catalogue_name(model, self._mean_output_tokens),
+                                                           self._default_output_tokens))
             by_model.setdefault(model, []).append((request, predicted))
         groups = {}
         for model, group in by_model.items():

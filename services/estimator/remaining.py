@@ -150,14 +150,24 @@ class RemainingLengths:
             self._cache.popitem(last=False)
 
 
+def catalogue_name(model: str, known: Mapping[str, object]) -> str:
+    """`model` as a predictor artifact names it: itself, or the `name` of a repository id `org/name` (vLLM's served
+    name by default, `Qwen/Qwen3-8B`) where only that is known, as the predictor's catalogue resolves names."""
+    if model in known:
+        return model
+    short = model.rsplit("/", 1)[-1]
+    return short if short in known else model
+
+
 def artifact_source(distributions: Mapping[str, object]) -> RemainingSource:
     """A source over a predictor artifact's length distributions (`PredictorArtifact.length_distributions`), in
-    this process. A model the artifact does not know is unavailable."""
+    this process. A model the artifact does not know (by its name or, for a repository id, the part after the last
+    '/') is unavailable."""
     from bear.predictor.length_distribution import UNBOUNDED
 
     async def expected_remaining(model: str, predicted: np.ndarray, generated: np.ndarray,
                                  max_tokens: np.ndarray) -> np.ndarray:
-        distribution = distributions.get(model)
+        distribution = distributions.get(catalogue_name(model, distributions))
         if distribution is None:
             raise RemainingUnavailable(f"the predictor artifact has no model {model!r}", unknown_model=True)
         caps = np.where(max_tokens > 0, max_tokens, UNBOUNDED)

@@ -50,6 +50,43 @@ class ArtifactError(ValueError):
     """A directory that is not a loadable predictor artifact; the message names the file and the problem."""
 
 
+def write_problem(folder: Path) -> str | None:
+    """Why `PredictorArtifact.save` could not write at `folder` (for a check before a long training), or None: it
+    writes in the folder's parent, or in the folder itself where that is a mount point or the parent is not
+    writable. Makes the missing folders above it."""
+    folder = Path(os.path.abspath(folder))
+    where = folder if _written_in_place(folder) else folder.parent
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(prefix=".bear-write-check.", dir=where))
+    except OSError as error:
+        return f"cannot write in {where}: {error.strerror or error}"
+    return None
+
+
+def _written_in_place(folder: Path) -> bool:
+    """Whether `save` replaces the files in `folder` rather than the folder: one that cannot be renamed, or the
+    current folder or one above it (a shell in it would be left in the old, deleted one)."""
+    if not folder.is_dir():
+        return False
+    cwd = Path(os.getcwd())
+    return (os.path.ismount(folder) or not os.access(folder.parent, os.W_OK | os.X_OK) or folder == cwd
+            or folder in cwd.parents)
+
+
+def _replace_files(folder: Path, files: Mapping[str, str]) -> None:
+    """Writes `files` (the manifest last) into `folder` one by one, each whole before it replaces the old one."""
+    (folder / MANIFEST).unlink(missing_ok=True)
+    for name, text in sorted(files.items(), key=lambda item: item[0] == MANIFEST):
+        partial = folder / f".{name}.partial"
+        try:
+            partial.write_text(text, encoding="utf-8")
+            os.replace(partial, folder / name)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+
+
 def save_problem(folder: Path, replace: bool) -> str | None:
     """Why an artifact cannot be saved into `folder`, or None: it may be absent or an empty directory, and with
     `replace` an earlier artifact (its manifest and files, nothing else), never a folder holding anything more."""
@@ -84,39 +121,52 @@ class PredictorArtifact:
     training: Mapping[str, Any]  # summary of the training run
 
     def save(self, folder: Path | str, *, replace: bool = False) -> None:
-        """Writes the artifact into `folder` (written whole in a sibling, then renamed into place); see
-        `save_problem` for the folders it takes."""
-        folder = Path(folder)
+        """Writes the artifact into `folder` (see `save_problem` for the folders it takes): written whole in a
+        sibling, then renamed into place, an earlier artifact moved aside until then; where the folder cannot be
+        renamed (a mount point, a parent this process cannot write) or is the current one, its files are replaced one
+        by one, the manifest last (removed first, so that a folder left half-written is no artifact)."""
+        folder = Path(os.path.abspath(folder))  # "." is the folder itself, and its parent the real one
         problem = save_problem(folder, replace)
         if problem is not None:
             raise FileExistsError(problem)
+        files = {
+            "catalog.json": _json(self.catalog.to_json()),
+            "features.json": _json(feature_spec()),
+            "projections.json": _json({name: {"mean": p.mean.tolist(), "components": p.components.tolist()}
+                                       for name, p in self.projections.items()}),
+            ACCURACY_MODEL: self.accuracy_model,
+            LOG_OUTPUT_TOKENS_MODEL: self.log_output_tokens_model,
+            "length_distributions.json": _json({name: {"scale_to_mean": d.scale_to_mean,
+                                                       "tail_points": d.tail_points, "ratios": d.ratios.tolist()}
+                                                for name, d in self.length_distributions.items()}),
+            "baselines.json": _json({name: {"accuracy": b.accuracy, "output_tokens": b.output_tokens}
+                                     for name, b in self.baselines.items()}),
+        }
+        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION,
+                    "files": {name: _sha256(text) for name, text in files.items()}, "training": self.training}
+        files[MANIFEST] = _json(manifest)
+        if _written_in_place(folder):
+            _replace_files(folder, files)
+            return
         folder.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
         try:
             # mkdtemp makes it private (0700); the artifact is read by services under other accounts, as its files
             # (made under the umask) are.
             staging.chmod(0o777 & ~_umask())
-            files = {
-                "catalog.json": _json(self.catalog.to_json()),
-                "features.json": _json(feature_spec()),
-                "projections.json": _json({name: {"mean": p.mean.tolist(), "components": p.components.tolist()}
-                                           for name, p in self.projections.items()}),
-                ACCURACY_MODEL: self.accuracy_model,
-                LOG_OUTPUT_TOKENS_MODEL: self.log_output_tokens_model,
-                "length_distributions.json": _json({name: {"scale_to_mean": d.scale_to_mean,
-                                                           "tail_points": d.tail_points, "ratios": d.ratios.tolist()}
-                                                    for name, d in self.length_distributions.items()}),
-                "baselines.json": _json({name: {"accuracy": b.accuracy, "output_tokens": b.output_tokens}
-                                         for name, b in self.baselines.items()}),
-            }
             for name, text in files.items():
                 (staging / name).write_text(text, encoding="utf-8")
-            manifest = {"format": FORMAT, "format_version": FORMAT_VERSION,
-                        "files": {name: _sha256(text) for name, text in files.items()}, "training": self.training}
-            (staging / MANIFEST).write_text(_json(manifest), encoding="utf-8")
-            if folder.exists():
-                shutil.rmtree(folder)
-            staging.rename(folder)
+            if not folder.exists():
+                staging.rename(folder)
+                return
+            aside = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old.", dir=folder.parent))
+            folder.rename(aside)  # onto the empty folder mkdtemp made
+            try:
+                staging.rename(folder)
+            except BaseException:
+                aside.rename(folder)
+                raise
+            shutil.rmtree(aside, ignore_errors=True)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise

@@ -6,11 +6,11 @@ Each distinct prompt is tokenised and featurised once per tokenizer of the pool,
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from bear.predictor.catalog import Catalog
+from bear.predictor.catalog import Catalog, UnknownModelError
 from bear.predictor.evals import EvalsError, EvalTable
 from bear.predictor.features import PROJECTION_DIMENSIONS, feature_rows, model_features, prompt_features
 from bear.predictor.progress import Progress, no_progress
@@ -34,13 +34,21 @@ class PromptBatch:
     by_tokenizer: Mapping[str, TokenizedPrompts]
 
 
-def check_models(table: EvalTable, catalog: Catalog) -> None:
-    """Every row's model is in the catalogue (else an EvalsError naming the first row that is not)."""
-    known = set(catalog.names)
+def with_catalogue_names(table: EvalTable, catalog: Catalog) -> EvalTable:
+    """`table` with every row's model as the catalogue names it: its own name, or for a repository id `org/name`
+    (as vLLM serves and logs models) the catalogue's `name`, as Predict calls resolve it. An EvalsError names the
+    first row whose model is not in the catalogue."""
+    names: dict[str, str] = {}
     for i, model in enumerate(table.models):
-        if model not in known:
-            raise EvalsError(f"evals row {i + 1}: model {model!r} is not in the catalogue "
-                             f"({', '.join(catalog.names)})")
+        if model not in names:
+            try:
+                names[model] = catalog.resolve(model)
+            except UnknownModelError:
+                raise EvalsError(f"evals row {i + 1}: model {model!r} is not in the catalogue "
+                                 f"({', '.join(catalog.names)})") from None
+    if all(given == name for given, name in names.items()):
+        return table
+    return replace(table, models=tuple(names[model] for model in table.models))
 
 
 def featurise_prompts(table: EvalTable, catalog: Catalog, progress: Progress = no_progress) -> PromptBatch:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import decimal
 import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
@@ -171,14 +172,15 @@ def _parquet_columns(path: Path) -> dict[str, list[Any]]:
 def _jsonl_columns(path: Path) -> dict[str, list[Any]]:
     columns: dict[str, list[Any]] = {}
     # Lines end at "\n" only: splitlines() would also cut at U+2028, U+2029 and U+0085, which JSON strings may hold raw.
-    lines = [line for line in path.read_text(encoding="utf-8-sig").split("\n") if line.strip()]
-    for i, line in enumerate(lines):
+    lines = [(number, line) for number, line in enumerate(path.read_text(encoding="utf-8-sig").split("\n"), 1)
+             if line.strip()]
+    for i, (number, line) in enumerate(lines):
         try:
             record = strict_json.loads(line)
         except strict_json.JsonError as error:
-            raise EvalsError(f"evals row {i + 1}: {error}") from None
+            raise EvalsError(f"evals row {i + 1} (line {number}): {error}") from None
         if not isinstance(record, dict):
-            raise EvalsError(f"evals row {i + 1}: expected a JSON object")
+            raise EvalsError(f"evals row {i + 1} (line {number}): expected a JSON object")
         for name in {*columns, *record}:
             columns.setdefault(name, [None] * i).append(record.get(name))
     return columns
@@ -203,6 +205,12 @@ def check_table_path(path: Path, what: str) -> None:
 def _text(value: Any, column: str, i: int) -> str:
     if not isinstance(value, str) or not value.strip():
         raise EvalsError(f"evals row {i + 1}: {column} must be a non-empty string, got {shown(value)}")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:  # a lone surrogate (JSON's "\ud800"): no engine could be sent it
+            raise EvalsError(f"evals row {i + 1}: {column} is not valid Unicode text ({error.reason} at character "
+                             f"{error.start})") from None
     return value
 
 
@@ -235,13 +243,17 @@ def _tokens(value: Any, i: int, from_text: bool) -> int:
 def _number(value: Any, column: str, i: int, from_text: bool) -> float:
     if from_text and isinstance(value, str):
         try:
+            if "_" in value:  # Python's float() reads 1_000; a table's number does not hold one
+                raise ValueError(value)
             return float(value)
         except ValueError:
             raise EvalsError(f"evals row {i + 1}: {column} must be a number, got {shown(value)}") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, (int, float, decimal.Decimal)):  # Decimal: SQL exports
         raise EvalsError(f"evals row {i + 1}: {column} must be a number, got {shown(value)}")
     try:
         return float(value)
     except OverflowError:  # an integer beyond any float (JSON Lines allows it)
         raise EvalsError(f"evals row {i + 1}: {column} must be a number of a sensible size, got {shown(value)}") \
             from None
+    except ValueError:  # a signalling NaN Decimal
+        raise EvalsError(f"evals row {i + 1}: {column} must be a number, got {shown(value)}") from None

@@ -22,7 +22,7 @@ import numpy as np
 from bear.predictor.artifact import ArtifactError, PredictorArtifact
 from bear.predictor.catalog import Catalog
 from bear.predictor.compiled_booster import BoosterError, CompiledBooster
-from bear.predictor.dataset import check_models, featurise_prompts, prompt_tokens_of_rows, table_rows
+from bear.predictor.dataset import featurise_prompts, prompt_tokens_of_rows, table_rows, with_catalogue_names
 from bear.predictor.evals import EvalTable
 from bear.predictor.evaluation import report
 from bear.predictor.features import FEATURE_NAMES, EmptyPromptError, model_features, prompt_features, rows_for_prompt
@@ -97,18 +97,20 @@ class Predictor:
 
     def predict_table(self, table: EvalTable, progress: Progress = no_progress) -> tuple[np.ndarray, np.ndarray]:
         """(accuracy, output_tokens) predicted for every row of `table` (the batch path; same numbers as `predict`)."""
-        check_models(table, self.catalog)
+        table = with_catalogue_names(table, self.catalog)
         batch = featurise_prompts(table, self.catalog, progress)
         return self._score(table_rows(batch, table.models, self.catalog, self.artifact.projections), table.models)
 
     def evaluate(self, table: EvalTable, progress: Progress = no_progress) -> dict[str, object]:
         """Metrics per model against the constant baseline (bear.predictor.evaluation)."""
+        table = with_catalogue_names(table, self.catalog)
         accuracy, output_tokens = self.predict_table(table, progress)
         return report(np.asarray(table.models, dtype=object), table.scores, table.output_tokens, accuracy,
                       output_tokens, self.artifact.baselines)
 
     def prompt_tokens(self, table: EvalTable) -> np.ndarray:
         """Each row's prompt length under its model's tokenizer."""
+        table = with_catalogue_names(table, self.catalog)
         return prompt_tokens_of_rows(featurise_prompts(table, self.catalog), table.models, self.catalog)
 
     def close(self) -> None:

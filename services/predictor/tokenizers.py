@@ -91,7 +91,9 @@ class PretokenTokenizer:
 
     def token_keys(self, text: str) -> np.ndarray:
         pieces = _PRETOKEN.findall(unicodedata.normalize("NFC", text))
-        return np.fromiter((zlib.crc32(p.encode()) for p in pieces), dtype=np.int64, count=len(pieces))
+        # surrogatepass: a lone surrogate (an undecodable byte of a file or the command line) is a piece as any other
+        return np.fromiter((zlib.crc32(p.encode("utf-8", "surrogatepass")) for p in pieces), dtype=np.int64,
+                           count=len(pieces))
 
 
 def qwen_vocabulary_path() -> Path:

@@ -25,7 +25,7 @@ import numpy as np
 
 from bear.predictor.artifact import PredictorArtifact
 from bear.predictor.catalog import Catalog
-from bear.predictor.dataset import check_models, featurise_prompts, fit_projections, table_rows
+from bear.predictor.dataset import featurise_prompts, fit_projections, table_rows, with_catalogue_names
 from bear.predictor.evals import EvalsError, EvalTable
 from bear.predictor.evaluation import ConstantBaseline
 from bear.predictor.features import FEATURE_NAMES, PROJECTION_DIMENSIONS
@@ -67,7 +67,7 @@ class TrainingConfig:
 
 def train(table: EvalTable, catalog: Catalog, config: TrainingConfig = TrainingConfig(),
           progress: Progress = no_progress) -> PredictorArtifact:
-    check_models(table, catalog)
+    table = with_catalogue_names(table, catalog)
     models = np.asarray(table.models, dtype=object)
     for name in catalog.names:
         count = int((models == name).sum())

@@ -84,6 +84,15 @@ def test_residents_lengths_are_asked_by_model_and_answered_ahead() -> None:
     assert estimator.pending_decode_tokens("a") == (7 + 1) + 20 + 30  # the token in flight is added back
 
 
+def test_a_resident_without_a_dispatch_takes_the_mean_length_of_its_model_named_by_repository_id() -> None:
+    message = snapshot("a", NOW, [decoding("r1", output=4)])
+    message.model = "Qwen/Qwen3-8B"  # vLLM's served name by default; the artifact's means say Qwen3-8B
+    estimator = Estimator(remaining, {"Qwen3-8B": 120.0})
+    estimator.add_instance("a", message.model)
+    lengths = estimator.resident_lengths(message)
+    assert lengths["Qwen/Qwen3-8B"][0].tolist() == [120.0]
+
+
 def test_a_dispatch_too_long_for_the_instance_is_not_an_arrival() -> None:
     message = snapshot("a", NOW, [decoding("r1")])
     estimator = estimator_with(message)

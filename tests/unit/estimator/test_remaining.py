@@ -110,6 +110,16 @@ def test_the_artifact_source_is_the_length_distribution() -> None:
     assert error.value.unknown_model
 
 
+def test_the_artifact_source_knows_a_model_by_its_repository_id_as_the_predictor_does() -> None:
+    # vLLM's served name is the repository id by default: Qwen/Qwen3-8B where the artifact says Qwen3-8B
+    distribution = LengthDistribution(np.linspace(0.2, 1.8, 64), 3, 1.0)
+    source = artifact_source({"Qwen3-8B": distribution})
+    by_id, by_name = (asyncio.run(source(name, *rows((100, 10, 0)))) for name in ("Qwen/Qwen3-8B", "Qwen3-8B"))
+    assert by_id.tolist() == by_name.tolist()
+    with pytest.raises(RemainingUnavailable):
+        asyncio.run(source("Qwen/Qwen3-14B", *rows((100, 10, 0))))
+
+
 class _Max:
     """A random source that always draws the top of the range (deterministic back-off)."""
 

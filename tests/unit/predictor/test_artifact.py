@@ -53,6 +53,50 @@ def test_saving_never_overwrites_unless_asked(saved: Path) -> None:
     assert sorted(p.name for p in saved.parent.iterdir()) == ["model"]  # no staging directory left behind
 
 
+def test_the_current_folder_is_saved_into_and_replaced(saved: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # QA: "--out ." staged the artifact inside the folder itself, then failed to rename; with --force it first
+    # deleted the earlier artifact
+    monkeypatch.chdir(saved)
+    before = PredictorArtifact.load(".").training
+    (saved / "baselines.json").write_text("{}")  # damaged: replaced whole
+    trained_artifact().save(".", replace=True)
+    assert PredictorArtifact.load(saved).training == before
+    assert Path(os.getcwd()).samefile(saved)  # the folder itself, not a copy put in its place
+    assert sorted(p.name for p in saved.parent.iterdir()) == ["model"]  # nothing left aside
+    assert not [p for p in saved.iterdir() if p.name.startswith(".")]
+
+
+def test_a_folder_that_cannot_be_renamed_has_its_files_replaced_in_place(saved: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # a mount point (a volume's root) or a folder whose parent this process cannot write: as root, neither can be
+    # made here, so the test takes the in-place path as those take it
+    import bear.predictor.artifact as artifact_module
+
+    monkeypatch.setattr(artifact_module, "_written_in_place", lambda folder: True)
+    (saved / "baselines.json").write_text("{}")  # damaged: replaced whole
+    trained_artifact().save(saved, replace=True)
+    assert load_predictor(saved).predict(PROMPTS[0]) == Predictor(trained_artifact()).predict(PROMPTS[0])
+    assert sorted(p.name for p in saved.iterdir()) == sorted(os.listdir(saved)) and not any(
+        name.startswith(".") for name in os.listdir(saved))
+
+
+def test_an_earlier_artifact_stays_when_the_new_one_cannot_be_put_in_place(saved: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    original_rename = Path.rename
+
+    def rename(self: Path, target: Path) -> Path:
+        if self.name.startswith(".model.") and not self.name.startswith(".model.old.") and Path(target) == saved:
+            raise OSError(16, "Device or resource busy")
+        return original_rename(self, target)
+
+    before = (saved / MANIFEST).read_text()
+    monkeypatch.setattr(Path, "rename", rename)
+    with pytest.raises(OSError, match="busy"):
+        trained_artifact().save(saved, replace=True)
+    assert (saved / MANIFEST).read_text() == before and PredictorArtifact.load(saved) is not None
+    assert sorted(p.name for p in saved.parent.iterdir()) == ["model"]
+
+
 def test_replacing_takes_an_earlier_artifact_but_never_a_folder_holding_anything_else(saved: Path,
                                                                                       tmp_path: Path) -> None:
     mine = tmp_path / "mine"

@@ -37,7 +37,7 @@ def test_an_evals_row_json_cannot_decode_is_named(tmp_path: Path, capsys: pytest
     evals = tmp_path / "evals.jsonl"
     evals.write_text('{"prompt": "x", "model": "Qwen3-8B", "score": 0.5, "output_tokens": ' + "1" * 5000 + "}\n")
     err = _bad_input(["train", "--evals", str(evals), "--out", str(tmp_path / "m")], capsys)
-    assert err.startswith("bear predictor train: evals row 1: not valid JSON: Exceeds the limit (4300 digits)")
+    assert err.startswith("bear predictor train: evals row 1 (line 1): not valid JSON: Exceeds the limit (4300 digits)")
 
 
 def test_an_artifact_with_an_impossible_scale_to_mean_is_refused(saved: Path,
@@ -96,7 +96,7 @@ def test_train_into_a_folder_that_cannot_be_made_is_refused_before_training(tmp_
     blocker.write_text("")
     out = blocker / "sub" / "model"
     err = _bad_input(["train", "--evals", str(tmp_path / "absent.csv"), "--out", str(out)], capsys)
-    assert err.startswith(f"bear predictor train: --out: {out}: cannot create the folder {out.parent}: ")
+    assert err.startswith(f"bear predictor train: --out: {out}: cannot write in {out.parent}: ")
     made = tmp_path / "new" / "sub" / "model"  # a missing folder is made, as the artifact's save makes it
     err = _bad_input(["train", "--evals", str(tmp_path / "absent.csv"), "--out", str(made)], capsys)
     assert made.parent.is_dir() and "absent.csv" in err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import decimal
 import json
 from pathlib import Path
 
@@ -59,6 +60,9 @@ def test_files_as_tools_write_them_are_read(tmp_path: Path) -> None:
     ("task", 5, "evals row 2: task must be a string, got 5"),
     ("output_tokens", 10**400, "evals row 2: output_tokens must be a number of a sensible size"),  # JSON Lines has it
     ("score", b"\x00" * 20_000, r"evals row 2: score must be a number, got b'\\x00.*… \(a bytes\)$"),  # cut short
+    ("prompt", "a lone surrogate \ud800", "evals row 2: prompt is not valid Unicode text"),  # JSON's "\ud800"
+    ("model", "m\udcff", "evals row 2: model is not valid Unicode text"),
+    ("score", decimal.Decimal("sNaN"), "evals row 2: score must be a number"),
 ])
 def test_bad_values_name_the_row_and_column(column: str, value: object, message: str) -> None:
     columns: dict[str, list[object]] = {"prompt": ["p", "q"], "model": ["m", "m"], "score": [0.5, 0.5],
@@ -66,6 +70,21 @@ def test_bad_values_name_the_row_and_column(column: str, value: object, message:
     columns[column][1] = value
     with pytest.raises(EvalsError, match=message):
         table_from_columns(columns)
+
+
+def test_decimal_numbers_of_sql_exports_are_numbers() -> None:
+    columns: dict[str, list[object]] = {"prompt": ["p"], "model": ["m"], "score": [decimal.Decimal("0.750")],
+                                        "output_tokens": [decimal.Decimal("12")]}
+    table = table_from_columns(columns)
+    assert table.scores.tolist() == [0.75] and table.output_tokens.tolist() == [12]
+
+
+@pytest.mark.parametrize("text", ["1_000", "0_5"])
+def test_a_text_number_with_an_underscore_is_no_number(text: str) -> None:
+    columns: dict[str, list[object]] = {"prompt": ["p"], "model": ["m"], "score": ["0.5"], "output_tokens": ["12"]}
+    columns["output_tokens" if text == "1_000" else "score"][0] = text
+    with pytest.raises(EvalsError, match=f"must be a number, got '{text}'"):
+        table_from_columns(columns, from_text=True)
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -115,19 +134,22 @@ def test_unreadable_files(tmp_path: Path) -> None:
     with pytest.raises(EvalsError, match="not a readable Parquet file"):
         read_eval_table(tmp_path / "bad.parquet")
     (tmp_path / "bad.jsonl").write_text(json.dumps({"prompt": "p"}) + "\n[1, 2]\n")
-    with pytest.raises(EvalsError, match="evals row 2: expected a JSON object"):
+    with pytest.raises(EvalsError, match=r"evals row 2 \(line 2\): expected a JSON object"):
         read_eval_table(tmp_path / "bad.jsonl")
     (tmp_path / "bad.jsonl").write_text("{oops\n")
-    with pytest.raises(EvalsError, match="evals row 1: not valid JSON"):
+    with pytest.raises(EvalsError, match=r"evals row 1 \(line 1\): not valid JSON"):
+        read_eval_table(tmp_path / "bad.jsonl")
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"prompt": "p"}) + "\n\n\n{oops\n")  # blank lines are no rows
+    with pytest.raises(EvalsError, match=r"evals row 2 \(line 4\): not valid JSON"):
         read_eval_table(tmp_path / "bad.jsonl")
 
 
 @pytest.mark.parametrize(("line", "message"), [
     ('{"prompt": "x", "model": "m", "score": 0.5, "output_tokens": ' + "1" * 5000 + "}",
-     r"evals row 2: not valid JSON: Exceeds the limit \(4300 digits\) for integer string conversion"),
-    ("[" * 100_000, "evals row 2: not valid JSON: it nests arrays or objects too deeply"),
+     r"evals row 2 \(line 2\): not valid JSON: Exceeds the limit \(4300 digits\) for integer string conversion"),
+    ("[" * 100_000, r"evals row 2 \(line 2\): not valid JSON: it nests arrays or objects too deeply"),
     ('{"prompt": "x", "model": "m", "score": 0.9, "score": 0.1, "output_tokens": 3}',
-     "evals row 2: the key 'score' is given twice"),
+     r"evals row 2 \(line 2\): the key 'score' is given twice"),
 ])
 def test_a_json_lines_row_json_cannot_take_is_refused_naming_the_row(tmp_path: Path, line: str, message: str) -> None:
     """(Probe: a 5,000-digit integer and 100,000 `[` ended in tracebacks; a key given twice kept its last value.)"""

@@ -61,6 +61,9 @@ def test_the_batch_path_gives_the_single_prompt_numbers(predictor: Predictor) ->
     assert np.array_equal(accuracy, [s.accuracy for s in single])
     assert np.array_equal(output_tokens, [s.output_tokens for s in single])
     assert predictor.prompt_tokens(table).tolist() == [s.prompt_tokens for s in single]
+    by_id = make_table([p for p in PROMPTS for _ in names], [f"Qwen/{m}" for m in names] * len(PROMPTS))
+    assert np.array_equal(predictor.predict_table(by_id)[0], accuracy)  # repository ids, as Predict takes them
+    assert predictor.evaluate(by_id) == predictor.evaluate(table)
 
 
 def test_expected_remaining_tokens(predictor: Predictor) -> None:

@@ -49,6 +49,11 @@ def test_pretokens_count_words_and_punctuation_runs() -> None:
     assert PretokenTokenizer().token_keys("   ").size == 0
 
 
+def test_pretokens_take_a_lone_surrogate_as_any_other_character() -> None:
+    # an undecodable byte of the command line or a JSON "\ud800" (a traceback before)
+    assert PretokenTokenizer().token_keys("abc \udcff def").size == PretokenTokenizer().token_keys("abc x def").size
+
+
 def test_pretokens_count_cjk_by_character_and_cut_long_runs() -> None:
     # Written without spaces: counted by word, a whole Chinese paragraph was one token (and its cost near nothing).
     pretokens = PretokenTokenizer()

@@ -54,6 +54,14 @@ def test_training_is_deterministic() -> None:
     assert other.accuracy_model != first.accuracy_model
 
 
+def test_rows_naming_models_by_repository_id_train_the_catalogues_models() -> None:
+    # operators log vLLM's served names (Qwen/Qwen3-8B), which Predict calls already take
+    table = synthetic_table(150, 3)
+    by_id = dataclasses.replace(table, models=tuple(f"Qwen/{model}" for model in table.models))
+    config = TrainingConfig(num_trees=5)
+    assert train(by_id, PAPER_POOL, config).accuracy_model == train(table, PAPER_POOL, config).accuracy_model
+
+
 def test_a_model_outside_the_catalogue_is_named_with_its_row() -> None:
     table = make_table([f"prompt {i}" for i in range(3)], ["Qwen3-8B", "Qwen3-8B", "Llama-3-8B"])
     with pytest.raises(EvalsError, match="evals row 3: model 'Llama-3-8B' is not in the catalogue"):
