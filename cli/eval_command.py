@@ -46,6 +46,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+_RESULT_SUFFIXES = (".json", ".md", ".csv", ".png")
+
+
 def _out_problem(out: str) -> str | None:
     """Why the results could not be written into `out` at the end of a run (minutes to an hour away), or None; the
     folder exists from here on. A file is written and removed to find out: permissions alone do not tell (a
@@ -61,6 +64,10 @@ def _out_problem(out: str) -> str | None:
             pass
     except OSError as error:
         return f"cannot write there: {error.strerror or error}"
+    blocked = sorted(entry.name for entry in folder.iterdir()
+                     if entry.suffix in _RESULT_SUFFIXES and entry.is_dir() and not entry.is_symlink())
+    if blocked:  # a result file goes there (summary.json, figN.csv, ...)
+        return f"{blocked[0]} in it is a folder, where a result file is written: remove or rename it"
     return None
 
 

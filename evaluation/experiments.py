@@ -22,6 +22,7 @@ from bear.routing.registry import build_policy
 
 BASELINES = ("latency-agnostic", "round-robin", "shortest-queue", "lmdeploy", "score", "routebalance", "vllm-sr")
 POLICIES = ("bear", *BASELINES, "bear-prefill-tps")
+_FRACTION_TOLERANCE = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,9 +103,22 @@ class RateSweep:
     rates_qps: list[float]
     summaries: dict[str, list[RunSummary]]  # policy -> per rate (first seed's; metrics averaged over seeds)
     outcomes: dict[tuple[str, float], list[Outcome]]
+    # Each rate as a fraction of saturation, as planned: which side of saturation a rate is on is read here, not
+    # from rates_qps, which are rounded (1.0x rounded down counted as below saturation, rounded up as above).
+    rate_fractions: list[float]
 
     def metric(self, policy: str, name: str) -> list[float]:
         return [getattr(s, name) for s in self.summaries[policy]]
+
+    def fraction(self, rate_qps: float) -> float:
+        """The planned fraction of saturation of one of `rates_qps`."""
+        return self.rate_fractions[self.rates_qps.index(rate_qps)]
+
+    def up_to_saturation(self, rate_qps: float) -> bool:
+        return self.fraction(rate_qps) <= 1.0 + _FRACTION_TOLERANCE
+
+    def from_saturation(self, rate_qps: float) -> bool:
+        return self.fraction(rate_qps) >= 1.0 - _FRACTION_TOLERANCE
 
 
 def sweep_rates(scenario: Scenario, plan: EvalPlan, saturation: float, policies: Sequence[str],
@@ -119,7 +133,7 @@ def sweep_rates(scenario: Scenario, plan: EvalPlan, saturation: float, policies:
             outcomes[(policy, rate)] = [o for _, out in runs for o in out[plan.warmup_queries:]]
             if on_run is not None:
                 on_run(policy, rate)
-    return RateSweep(saturation, rates, summaries, outcomes)
+    return RateSweep(saturation, rates, summaries, outcomes, list(plan.rate_fractions))
 
 
 def _average(summaries: Sequence[RunSummary]) -> RunSummary:
@@ -145,7 +159,7 @@ def ttft_mapes(sweep: RateSweep, oracle: RateSweep | None) -> dict[str, float | 
         if s is None or "bear" not in s.summaries:
             return None
         pairs = [p for summary, rate in zip(s.summaries["bear"], s.rates_qps, strict=True)
-                 if rate <= s.saturation_qps + 1e-9 for p in getattr(summary, attribute)]
+                 if s.up_to_saturation(rate) for p in getattr(summary, attribute)]
         value = mape_of(pairs)
         return None if math.isnan(value) else value
 

@@ -65,7 +65,7 @@ def all_figures(out: Path, scenario: Scenario, plan: EvalPlan, sweep: RateSweep,
 
 def estimator_accuracy(out: Path, scenario: Scenario, sweep: RateSweep) -> dict[str, Any]:
     """Fig. 4: TTFT estimates vs actual (BEA and prefill throughput); Fig. 5: eq. 12 vs actual step times."""
-    upto = [(s, r) for s, r in zip(sweep.summaries["bear"], sweep.rates_qps, strict=True) if r <= sweep.saturation_qps]
+    upto = [(s, r) for s, r in zip(sweep.summaries["bear"], sweep.rates_qps, strict=True) if sweep.up_to_saturation(r)]
     bea = [p for s, _ in upto for p in s.ttft_pairs]
     prefill = [p for s, _ in upto for p in s.prefill_tps_pairs]
     scatter_plot(out / "fig4.png", {f"BEA (MAPE {mape_of(bea):.1%})": [(a, e) for e, a in bea],
@@ -152,7 +152,7 @@ def policy_estimates(out: Path, sweep: RateSweep) -> dict[str, Any]:
     """Fig. 19: each policy's latency estimate for its chosen instance vs the query's actual TTFT (up to saturation)."""
     points: dict[str, list[tuple[float, float]]] = {}
     for (policy, rate), outcomes in sweep.outcomes.items():
-        if rate > sweep.saturation_qps:
+        if not sweep.up_to_saturation(rate):
             continue
         points.setdefault(policy, []).extend((o.ttft_s, o.policy_estimate_s) for o in outcomes
                                              if o.ttft_s is not None and o.policy_estimate_s is not None)
@@ -172,10 +172,10 @@ def overload(out: Path, scenario: Scenario, plan: EvalPlan, sweep: RateSweep) ->
     for policy in (*FALLBACKS, *BASELINES):
         source = variants if policy in variants.summaries else sweep
         values = [s.on_time_utility for s, r in zip(source.summaries[policy], source.rates_qps, strict=True)
-                  if r >= sweep.saturation_qps - 1e-9]
+                  if source.from_saturation(r)]
         series[policy] = values
         rows.append([policy, *values])
-    rates = [r for r in sweep.rates_qps if r >= sweep.saturation_qps - 1e-9]
+    rates = [r for r in sweep.rates_qps if sweep.from_saturation(r)]
     write_csv(out / "overload.csv", ["policy", *rates], rows)
     line_plot(out / "overload.png", rates, series, xlabel="arrival rate (qps)", ylabel="OnTimeUtility",
               title="Past saturation: BEAR's fallback rules vs baselines")

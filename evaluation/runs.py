@@ -88,8 +88,8 @@ def _gains(sweep: RateSweep) -> dict[str, Any]:
     bear = np.array(sweep.metric("bear", "on_time_utility"))
     present = [b for b in BASELINES if b in sweep.summaries]
     best = np.max([sweep.metric(b, "on_time_utility") for b in present], axis=0) if present else bear
-    rates = np.array(sweep.rates_qps)
-    up_to = (rates >= 0.3 * sweep.saturation_qps - 1e-9) & (rates <= sweep.saturation_qps + 1e-9)
+    fractions = np.array(sweep.rate_fractions)
+    up_to = (fractions >= 0.3 - 1e-9) & np.array([sweep.up_to_saturation(rate) for rate in sweep.rates_qps])
     over_best = _relative(bear, best)
     gain = {"over_best_baseline_per_rate": [None if v is None else round(v, 4) for v in over_best],
             "mean_over_best_baseline_0.3x_to_1x": _mean_known(v for v, keep in zip(over_best, up_to) if keep),

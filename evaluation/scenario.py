@@ -79,6 +79,8 @@ class Scenario:
 
     def workload(self, rate_qps: float, num_queries: int, seed: int, *, mmpp_ratio: float | None = None,
                  looseness: float | None = None) -> list[WorkloadQuery]:
+        if num_queries < 0:
+            raise ValueError(f"num_queries must be >= 0, got {num_queries}")
         rng = np.random.default_rng([seed, 7])
         if mmpp_ratio is None:
             arrivals = poisson_arrivals_s(rate_qps, num_queries, rng)

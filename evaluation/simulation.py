@@ -19,7 +19,14 @@ from bear.core.state import Query
 from bear.estimator.estimation import Estimator, TtftEstimate
 from bear.evaluation.instance import SimulatedInstance
 from bear.evaluation.router import Prediction, SimulatedRouter
-from bear.routing.contract import DEFAULT_LAMBDA_PER_MICRO_USD, Choice, Decision, Policy, RouteRequest
+from bear.routing.contract import (
+    DEFAULT_LAMBDA_PER_MICRO_USD,
+    Choice,
+    Decision,
+    Policy,
+    RouteRequest,
+    weight_problem,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +81,10 @@ def run(instances: Sequence[SimulatedInstance], estimator: Estimator, policy: Po
         on_query: Callable[[int], None] | None = None) -> list[Outcome]:
     """Routes every query of `workload` (in arrival order) and serves it to completion. With `oracle_lengths` the
     estimator learns every dispatched query's true output length (pair it with `oracle_remaining`)."""
+    for name, value in (("lambda_per_micro_usd", lambda_per_micro_usd), ("delta_per_s", delta_per_s)):
+        problem = weight_problem(name, value)
+        if problem is not None:
+            raise ValueError(problem)
     router = SimulatedRouter(instances, estimator, policy, staleness_s=staleness_s)
     reporter = _Reporter(router)
     decisions: list[tuple[WorkloadQuery, Decision, str | None, TtftEstimate | None, Mapping[str, TtftEstimate]]] = []

@@ -15,6 +15,14 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
 DEFAULT_LAMBDA_PER_MICRO_USD = 5e-4  # cost weight in eq. 4, per micro-dollar
+MAX_WEIGHT = 1e9  # λ and δ above this only overflow utilities (λ·cost, δ·TTFT) to -inf, where every choice ties
+
+
+def weight_problem(name: str, value: float | None) -> str | None:
+    """Why `value` is no weight λ or δ (a number in [0, MAX_WEIGHT]; None: none given), or None."""
+    if value is not None and not (math.isfinite(value) and 0 <= value <= MAX_WEIGHT):
+        return f"{name} must be a number in [0, {MAX_WEIGHT:g}], got {value!r}"
+    return None
 
 
 class Estimator(enum.StrEnum):

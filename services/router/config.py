@@ -63,7 +63,7 @@ from bear.common.redis_config import ENVIRONMENT as REDIS_ENVIRONMENT
 from bear.common.redis_config import RedisConfig
 from bear.discovery.config import ENVIRONMENT as DISCOVERY_ENVIRONMENT
 from bear.discovery.config import DiscoveryConfig
-from bear.router.query import MAX_WEIGHT
+from bear.routing.contract import MAX_WEIGHT
 
 TOKENIZERS = ("qwen", "pretokens")
 MAX_PROMPT_BYTES_LIMIT = 256 * 1024 * 1024

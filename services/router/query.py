@@ -11,12 +11,12 @@ import uuid
 from dataclasses import dataclass, replace
 
 from bear.common.messages import shown
+from bear.routing.contract import MAX_WEIGHT
 
 MAX_REQUEST_ID_BYTES = 128  # the snapshot region keeps request ids up to this length
 # A request id travels to vLLM as the X-Request-Id header and comes back in its snapshots: visible ASCII only (no
 # spaces or control characters, which HTTP would refuse or alter, and the estimator would then not recognise).
 _REQUEST_ID = re.compile(r"[!-~]+")
-MAX_WEIGHT = 1e9  # λ and δ above this only overflow utilities (λ·cost, δ·TTFT) to -inf, where every choice ties
 # allowed_models goes into the decision's span: bounded, so that one query cannot make a span no exporter sends
 MAX_ALLOWED_MODELS = 256
 MAX_MODEL_NAME_BYTES = 256

@@ -31,3 +31,12 @@ def test_a_missing_folder_is_created_and_left_empty(tmp_path: Path) -> None:
     out = tmp_path / "a" / "b"
     assert _out_problem(str(out)) is None
     assert out.is_dir() and list(out.iterdir()) == []
+
+
+def test_a_folder_where_a_result_file_goes_is_refused_at_once(tmp_path: Path) -> None:
+    # QA: a folder named summary.json made the run fail after its 85 s, naming no file
+    (tmp_path / "summary.json").mkdir()
+    (tmp_path / "notes").mkdir()  # other folders are the user's own
+    done = subprocess.run([BEAR, "eval", "quick", "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "summary.json in it is a folder" in done.stderr, done.stderr
+    assert "building the setting" not in done.stderr

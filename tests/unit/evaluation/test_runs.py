@@ -14,9 +14,21 @@ from bear.evaluation.runs import _gains, _gains_text, _ttft_mapes_text
 from bear.routing.contract import Decision
 
 
-def _sweep(utilities: dict[str, list[float]]) -> RateSweep:
+def _sweep(utilities: dict[str, list[float]], saturation: float = 10.0,
+           fractions: tuple[float, ...] = (0.5, 1.0, 5.0)) -> RateSweep:
     summaries = {p: [SimpleNamespace(on_time_utility=u) for u in values] for p, values in utilities.items()}
-    return RateSweep(10.0, [5.0, 10.0, 50.0], summaries, {})  # type: ignore[arg-type]
+    rates = [round(f * saturation, 3) for f in fractions]  # as sweep_rates rounds them
+    return RateSweep(saturation, rates, summaries, {}, list(fractions))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("saturation", [31.1716, 31.1714, 10.0])  # 1.0x rounded up, down, exact
+def test_the_saturation_rate_counts_up_to_saturation_however_its_rate_is_rounded(saturation: float) -> None:
+    # QA: 1.0x at 31.172 qps (saturation 31.1716) was left out of the mean up to saturation, and kept from the
+    # overload study when it rounded down
+    sweep = _sweep({"bear": [0.6, 1.0], "score": [0.5, 0.5]}, saturation, (0.5, 1.0))
+    assert _gains(sweep)["mean_over_best_baseline_0.3x_to_1x"] == round((0.2 + 1.0) / 2, 4)
+    assert [sweep.up_to_saturation(r) for r in sweep.rates_qps] == [True, True]
+    assert [sweep.from_saturation(r) for r in sweep.rates_qps] == [False, True]
 
 
 def test_gains_over_a_baseline_at_zero_or_below_are_null_and_the_summary_stays_json() -> None:

@@ -104,3 +104,16 @@ def test_the_paper_pool_has_kv_capacity_from_memory_minus_weights() -> None:
     engine: EngineConfig = pool["Qwen3-8B"].engine
     assert (engine.max_num_batched_tokens, engine.max_num_seqs, engine.block_size) == (8192, 1024, 16)
     assert isinstance(pool["Qwen3-8B"], InstanceSpec)
+
+
+@pytest.mark.parametrize(("weights", "named"), [({"delta_per_s": float("inf")}, "delta_per_s"),
+                                                ({"delta_per_s": float("nan")}, "delta_per_s"),
+                                                ({"delta_per_s": -1.0}, "delta_per_s"),
+                                                ({"lambda_per_micro_usd": float("nan")}, "lambda_per_micro_usd"),
+                                                ({"lambda_per_micro_usd": 1e10}, "lambda_per_micro_usd")])
+def test_weights_the_router_would_refuse_are_refused_before_a_run(weights: dict[str, float], named: str) -> None:
+    # QA: δ = inf routed as δ = 0, NaN sent every query to one model, λ = NaN made every figure NaN
+    from bear.evaluation.simulation import run
+
+    with pytest.raises(ValueError, match=rf"{named} must be a number in \[0, 1e\+09\]"):
+        run([], None, None, [], None, **weights)  # type: ignore[arg-type]
