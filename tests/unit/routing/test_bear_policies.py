@@ -24,8 +24,9 @@ BEAR_CASES = [
     ("safety margin below 1 admits a late one", [(0.9, 1.2), (0.5, 0.5)], {"safety": 0.8}, "a"),
     ("min-ttft fallback: lowest estimate", [(0.9, 3.0), (0.5, 2.0), (0.7, 2.5)], {"fallback": "min-ttft"}, "b"),
     ("min-ttft fallback tie: first candidate", [(0.9, 2.0), (0.5, 2.0)], {"fallback": "min-ttft"}, "a"),
-    ("min-ttft fallback skips missing estimates", [(0.9, None), (0.5, 4.0)], {}, "b"),
-    ("max-utility fallback", [(0.5, 2.0), (0.9, 3.0), (0.7, 2.5)], {"fallback": "max-utility"}, "b"),
+    ("min-ttft fallback skips missing estimates", [(0.9, None), (0.5, 4.0)], {"fallback": "min-ttft"}, "b"),
+    ("max-utility fallback (the default)", [(0.5, 2.0), (0.9, 3.0), (0.7, 2.5)], {}, "b"),
+    ("max-utility fallback skips missing estimates", [(0.9, None), (0.5, 4.0), (0.7, 5.0)], {}, "c"),
     ("shed: fastest misses by more than 2x", [(0.9, 3.0), (0.5, 2.5)], {"fallback": "shed"}, None),
     ("shed: fastest within 2x routes to it", [(0.9, 3.0), (0.5, 1.5)], {"fallback": "shed"}, "b"),
     ("shed: exactly 2x routes", [(0.9, 3.0), (0.5, 2.0)], {"fallback": "shed"}, "b"),
@@ -33,6 +34,7 @@ BEAR_CASES = [
     ("shed is not used while one is feasible", [(0.9, 3.0), (0.5, 0.5)], {"fallback": "shed"}, "b"),
     ("no estimates at all: best utility", [(0.6, None), (0.9, None)], {"fallback": "min-ttft"}, "b"),
     ("no estimates at all, shed: best utility", [(0.6, None), (0.9, None)], {"fallback": "shed"}, "b"),
+    ("no estimates at all, max-utility: best utility", [(0.6, None), (0.9, None)], {}, "b"),
 ]
 
 
