@@ -116,10 +116,8 @@
 # Registered once vLLM answers /health, withdrawn within about a second when it stops.
 - name: BEAR_ENGINE_HEALTH_URL
   value: {{ printf "http://localhost:%v/health" $root.Values.vllm.port | quote }}
-- name: BEAR_INPUT_USD_PER_MTOK
-  value: {{ include "bear.yamlNumber" .pool.prices.inputPerMTokens | quote }}
-- name: BEAR_OUTPUT_USD_PER_MTOK
-  value: {{ include "bear.yamlNumber" .pool.prices.outputPerMTokens | quote }}
+{{- /* No prices: the router and the estimator take them from the pools file (a change rolls them, not the GPU pods,
+whose restart reloads the weights); the sidecar's registration would only repeat them. */}}
 - name: BEAR_SNAPSHOTTER_GRPC_PORT
   value: {{ $snapshotter.grpcPort | quote }}
 - name: BEAR_SNAPSHOTTER_ENDPOINT
