@@ -25,10 +25,11 @@ from bear.routing.observations import RESIDUAL_WINDOW, InstanceObservations, ttf
 
 
 SKIPPED = "SKIPPED"  # DependencyUnavailable's code for a call not made (the Redis store's back-off after a failure)
-# Codes of a dependency that did not answer in time or at all; any other (INVALID_ARGUMENT, INTERNAL, ...) answered
-# with an error, and the reason says it "failed" (the router's or the service's bug, not the network).
-_NOT_ANSWERED = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "RESOURCE_EXHAUSTED", SKIPPED,
-                           "NO_PREDICTION"})
+# Codes with which a dependency that answered refused the call (a bug of the router's or the service's, not the
+# network): the reason says it "failed". Any other is "unavailable", transport errors included (a process killed
+# mid-stream ends its calls UNKNOWN or INTERNAL as well as UNAVAILABLE).
+_REFUSED = frozenset({"INVALID_ARGUMENT", "FAILED_PRECONDITION", "OUT_OF_RANGE", "NOT_FOUND", "ALREADY_EXISTS",
+                      "PERMISSION_DENIED", "UNAUTHENTICATED", "UNIMPLEMENTED"})
 
 
 class DependencyUnavailable(Exception):
@@ -36,7 +37,7 @@ class DependencyUnavailable(Exception):
     failures too: DEADLINE_EXCEEDED, UNAVAILABLE, UNAUTHENTICATED, INTERNAL), NO_PREDICTION, or SKIPPED."""
 
     def __init__(self, service: str, code: str, detail: str = "") -> None:
-        verb = "unavailable" if code in _NOT_ANSWERED else "failed"
+        verb = "failed" if code in _REFUSED else "unavailable"
         super().__init__(f"{service} {verb} ({code}{': ' + detail if detail else ''})")
         self.service, self.code, self.detail = service, code, detail
 
