@@ -14,20 +14,17 @@ from pathlib import Path
 
 import grpc
 import pytest
-import redis
 from prometheus_client import CollectorRegistry
 
 from bear.common import redis_keys
-from bear.common.redis_config import RedisConfig
 from bear.estimator.config import EstimatorConfig
 from bear.router import main
 from bear.router.client import RouterClient, RouterUnavailable
 from bear.router.config import RouterConfig
 from bear.router.main import RunningRouter
 from bear.v1 import estimator_pb2, estimator_pb2_grpc, router_pb2, snapshot_pb2
-from tests.integration.test_router_with_services import MISSING, Service, Snapshotters
-from tests.redis_server import RedisServer
-from tests.router_fakes import THREE_INSTANCES, LoopThread, register_instances
+from tests.integration.test_router_with_services import MISSING, Backends
+from tests.router_fakes import THREE_INSTANCES, LoopThread
 from tests.router_stack import wait_until
 
 pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"the services are not built yet: {', '.join(MISSING)} missing")
@@ -70,25 +67,11 @@ class Replica:
 
 class ScaledDeployment:
     def __init__(self, tmp_path: Path) -> None:
-        from tests.predictor_builders import trained_artifact
-
-        model_dir = tmp_path / "predictor"
-        trained_artifact().save(model_dir)
-        self.redis_server = RedisServer()
-        self.redis_server.start()
-        self.redis = redis.Redis.from_url(self.redis_server.url)
-        register_instances(self.redis, THREE_INSTANCES, ttl_s=600)
-        self.snapshotters = Snapshotters(self.redis)
-        self.predictor = Service("predictor", [f"--model-dir={model_dir}"], tmp_path / "predictor.log")
-        self.estimator_a, self.estimator_b = (
-            Service("estimator", [f"--redis-url={self.redis_server.url}", f"--predictor-model-dir={model_dir}"],
-                    tmp_path / f"estimator-{name}.log") for name in ("a", "b"))
-        # Deadlines generous, as in the one-replica test: the processes share this machine's cores.
-        self.router_a, self.router_b = (Replica(RouterConfig(
-            host="127.0.0.1", grpc_port=0, metrics_port=None, estimator_address=estimator.address,
-            predictor_address=self.predictor.address, redis=RedisConfig(url=self.redis_server.url),
-            estimator_timeout_s=0.5, predictor_timeout_s=0.5, redis_timeout_s=0.5))
-            for estimator in (self.estimator_a, self.estimator_b))
+        self.backends = Backends(tmp_path, estimators=("estimator-a", "estimator-b"))
+        self.redis, self.snapshotters = self.backends.redis, self.backends.snapshotters
+        self.estimator_a, self.estimator_b = self.backends.estimators
+        self.router_a, self.router_b = (Replica(self.backends.router_config(estimator))
+                                        for estimator in (self.estimator_a, self.estimator_b))
         self.channel_b = grpc.insecure_channel(self.estimator_b.address)
         self.estimator_b_stub = estimator_pb2_grpc.EstimatorStub(self.channel_b)
         # Each estimator has the snapshots once it estimates by replay.
@@ -112,11 +95,7 @@ class ScaledDeployment:
         self.channel_b.close()
         for router in (self.router_a, self.router_b):
             router.stop()
-        for service in (self.estimator_a, self.estimator_b, self.predictor):
-            service.stop()
-        self.snapshotters.close()
-        self.redis.close()
-        self.redis_server.stop()
+        self.backends.close()
 
 
 @pytest.fixture

@@ -116,8 +116,11 @@ class Snapshotters:
         self._thread.join(5)
 
 
-class Deployment:
-    def __init__(self, tmp_path: Path) -> None:
+class Backends:
+    """What the routers of a test call: a redis-server with the three instances registered and their snapshots
+    published, the predictor, and one estimator per name (`bear serve`, each its own process)."""
+
+    def __init__(self, tmp_path: Path, estimators: tuple[str, ...]) -> None:
         from tests.predictor_builders import trained_artifact
 
         model_dir = tmp_path / "predictor"
@@ -128,17 +131,34 @@ class Deployment:
         register_instances(self.redis, THREE_INSTANCES, ttl_s=600)
         self.snapshotters = Snapshotters(self.redis)
         self.predictor = Service("predictor", [f"--model-dir={model_dir}"], tmp_path / "predictor.log")
-        self.estimator = Service("estimator", [f"--redis-url={self.redis_server.url}",
-                                               f"--predictor-model-dir={model_dir}"], tmp_path / "estimator.log")
+        self.estimators = [Service("estimator", [f"--redis-url={self.redis_server.url}",
+                                                 f"--predictor-model-dir={model_dir}"], tmp_path / f"{name}.log")
+                           for name in estimators]
+
+    def router_config(self, estimator: Service) -> RouterConfig:
+        # Generous deadlines: the processes share this machine's cores. A Redis call past its deadline leaves Redis
+        # alone for 0.5 s, and a fallback without snapshot queues decides round-robin (seen in CI at 50 ms).
+        return RouterConfig(host="127.0.0.1", grpc_port=0, metrics_port=None, estimator_address=estimator.address,
+                            predictor_address=self.predictor.address, redis=RedisConfig(url=self.redis_server.url),
+                            estimator_timeout_s=0.5, predictor_timeout_s=0.5, redis_timeout_s=0.5)
+
+    def close(self) -> None:
+        for service in (*self.estimators, self.predictor):
+            service.stop()
+        self.snapshotters.close()
+        self.redis.close()
+        self.redis_server.stop()
+
+
+class Deployment:
+    def __init__(self, tmp_path: Path) -> None:
+        self.backends = Backends(tmp_path, estimators=("estimator",))
+        self.redis, self.snapshotters, self.predictor = (self.backends.redis, self.backends.snapshotters,
+                                                         self.backends.predictor)
+        (self.estimator,) = self.backends.estimators
         self.loop = LoopThread()
         self.registry = CollectorRegistry()
-        config = RouterConfig(host="127.0.0.1", grpc_port=0, metrics_port=None,
-                              estimator_address=self.estimator.address, predictor_address=self.predictor.address,
-                              redis=RedisConfig(url=self.redis_server.url), estimator_timeout_s=0.5,
-                              predictor_timeout_s=0.5, redis_timeout_s=0.5)
-        # Generous: three processes share this machine's cores. A Redis call past its deadline leaves Redis alone for
-        # 0.5 s, and a fallback without snapshot queues decides round-robin (seen in CI at 50 ms).
-        self.router = self.loop.run(main.start(config, self.registry))
+        self.router = self.loop.run(main.start(self.backends.router_config(self.estimator), self.registry))
         self.client = RouterClient(f"127.0.0.1:{self.router.port}", timeout_s=5.0)
         # The estimator has the snapshots once it estimates by replay.
         wait_until(lambda: {c.ttft_method for c in self.client.route(
@@ -148,11 +168,7 @@ class Deployment:
         self.client.close()
         self.loop.run(self.router.stop())
         self.loop.close()
-        for service in (self.estimator, self.predictor):
-            service.stop()
-        self.snapshotters.close()
-        self.redis.close()
-        self.redis_server.stop()
+        self.backends.close()
 
 
 @pytest.fixture
