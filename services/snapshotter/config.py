@@ -91,6 +91,12 @@ class SnapshotterConfig:
     redis: RedisConfig = field(default_factory=RedisConfig)
 
     def __post_init__(self) -> None:
+        for name, text in (("BEAR_SNAPSHOT_REGION (--region)", self.region),
+                           ("BEAR_INSTANCE_ID (--instance-id)", self.instance_id), ("BEAR_POOL (--pool)", self.pool),
+                           ("BEAR_MODEL (--model)", self.model), ("BEAR_INSTANCE_ENDPOINT (--endpoint)", self.endpoint),
+                           ("BEAR_SNAPSHOTTER_GRPC_HOST", self.grpc_host)):
+            _require(_is_utf8(text), f"{name} is not UTF-8 text: got {text!r}")  # an undecodable byte of the
+            # environment or the command line: it would fail later, in a registration or a server that never starts
         _require(bool(self.region), "BEAR_SNAPSHOT_REGION must not be empty")
         _require(bool(self.instance_id), "BEAR_INSTANCE_ID must not be empty")
         _require(self.instance_id.isprintable() and not any(c.isspace() for c in self.instance_id),
@@ -144,6 +150,8 @@ class SnapshotterConfig:
 
     @staticmethod
     def from_environ(environ: Mapping[str, str] = os.environ) -> SnapshotterConfig:
+        """The settings of `environ`, where a blank variable counts as unset (as for every other service)."""
+        environ = {name: value for name, value in environ.items() if value.strip()}
         defaults = SnapshotterConfig(instance_id="-")
         return SnapshotterConfig(
             region=_text(environ, "BEAR_SNAPSHOT_REGION") or defaults.region,
@@ -156,7 +164,7 @@ class SnapshotterConfig:
             input_usd_per_million_tokens=_float(environ, "BEAR_INPUT_USD_PER_MTOK", 0.0),
             output_usd_per_million_tokens=_float(environ, "BEAR_OUTPUT_USD_PER_MTOK", 0.0),
             poll_interval_s=_float(environ, "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS", defaults.poll_interval_s * 1e3) / 1e3,
-            grpc_host=environ.get("BEAR_SNAPSHOTTER_GRPC_HOST") or defaults.grpc_host,
+            grpc_host=_text(environ, "BEAR_SNAPSHOTTER_GRPC_HOST") or defaults.grpc_host,
             grpc_port=_int(environ, "BEAR_SNAPSHOTTER_GRPC_PORT", defaults.grpc_port),
             metrics_port=_optional_port(environ, "BEAR_SNAPSHOTTER_METRICS_PORT", defaults.metrics_port),
             advertised_endpoint=_text(environ, "BEAR_SNAPSHOTTER_ENDPOINT"),
@@ -197,6 +205,14 @@ def _float(environ: Mapping[str, str], name: str, default: float) -> float:
         return float(text) if text else default
     except ValueError:
         raise ValueError(f"{name} must be a number, got {text!r}") from None
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _require(ok: bool, message: str) -> None:

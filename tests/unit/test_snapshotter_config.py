@@ -106,12 +106,25 @@ def test_the_redis_configuration_is_shared_and_typed() -> None:
 def test_blank_text_settings_count_as_unset_as_for_every_other_service() -> None:
     """(QA: BEAR_INSTANCE_ID="   " became the instance's id; BEAR_POOL, BEAR_MODEL, the region alike.)"""
     blank = {name: "   " for name in ("BEAR_SNAPSHOT_REGION", "BEAR_INSTANCE_ID", "BEAR_POOL", "BEAR_MODEL",
-                                       "BEAR_INSTANCE_ENDPOINT", "BEAR_SNAPSHOTTER_ENDPOINT")}
+                                       "BEAR_INSTANCE_ENDPOINT", "BEAR_SNAPSHOTTER_ENDPOINT",
+                                       "BEAR_SNAPSHOTTER_GRPC_HOST", "BEAR_REDIS_PASSWORD")}
     sidecar = SnapshotterConfig.from_environ(blank)
     assert (sidecar.region, sidecar.instance_id, sidecar.pool, sidecar.model, sidecar.endpoint,
             sidecar.advertised_endpoint) == ("bear-snapshot", socket.gethostname(), "default", "", "", "")
+    # (QA: a blank host was taken as a host name, and a blank password sent to Redis as one.)
+    assert sidecar.grpc_host == "[::]" and sidecar.redis.password is None
     assert PluginConfig.from_environ({"BEAR_SNAPSHOT_REGION": " "}).region == "bear-snapshot"
     assert SnapshotterConfig.from_environ({"BEAR_POOL": " small "}).pool == "small"
+
+
+@pytest.mark.parametrize("name", ["BEAR_SNAPSHOT_REGION", "BEAR_INSTANCE_ID", "BEAR_POOL", "BEAR_MODEL",
+                                  "BEAR_INSTANCE_ENDPOINT", "BEAR_SNAPSHOTTER_GRPC_HOST"])
+def test_a_text_setting_that_is_not_utf8_is_refused_naming_it(name: str) -> None:
+    """A byte of the environment that is no UTF-8 reaches Python as a lone surrogate. (QA: in the host, a traceback
+    when the server bound; in the model, a sidecar that ran on without ever registering the instance.)"""
+    text = "http://ab\udcffc:8000" if name == "BEAR_INSTANCE_ENDPOINT" else "ab\udcffc"
+    with pytest.raises(ValueError, match=f"{name}.* is not UTF-8 text"):
+        SnapshotterConfig.from_environ({"BEAR_INSTANCE_ID": "pod-1", name: text})
 
 
 @pytest.mark.parametrize("address", ["http://10.0.0.7:50071", "10.0.0.7", "10.0.0.7:0"])
