@@ -58,14 +58,20 @@ def refused_prompt(engine: EngineConfig, num_prompt_tokens: int) -> Infeasibilit
     return Infeasibility.NONE
 
 
+def explain_refused_prompt(kind: Infeasibility, engine: EngineConfig, num_prompt_tokens: int) -> str:
+    """A sentence saying why an engine refuses the prompt (`kind`: what `refused_prompt` found)."""
+    if kind is Infeasibility.PROMPT_TOO_LONG:
+        return (f"the query's prompt ({num_prompt_tokens} tokens) is not shorter than max_model_len "
+                f"({engine.max_model_len})")
+    blocks = -(-num_prompt_tokens // engine.block_size)
+    return f"the query's prompt needs {blocks} KV blocks, more than the cache's {engine.num_gpu_blocks}"
+
+
 def explain(kind: Infeasibility, blocking_id: str | None, state: InstanceState, query: Query, horizon_s: float) -> str:
     """A sentence saying why the replay stopped before the query's first token."""
     engine = state.engine
-    if kind is Infeasibility.PROMPT_TOO_LONG:
-        return f"the query's prompt ({query.num_prompt_tokens} tokens) is not shorter than max_model_len ({engine.max_model_len})"
-    if kind is Infeasibility.PROMPT_EXCEEDS_CACHE:
-        blocks = -(-query.num_prompt_tokens // engine.block_size)
-        return f"the query's prompt needs {blocks} KV blocks, more than the cache's {engine.num_gpu_blocks}"
+    if kind in (Infeasibility.PROMPT_TOO_LONG, Infeasibility.PROMPT_EXCEEDS_CACHE):
+        return explain_refused_prompt(kind, engine, query.num_prompt_tokens)
     if kind is Infeasibility.STUCK:
         if blocking_id == query.id:
             who, tokens, ahead = "the query", query.num_prompt_tokens, ""

@@ -186,7 +186,7 @@ class Router:
         request = RouteRequest(query.request_id, budget_ms / 1000,
                                _or(query.lambda_per_micro_usd, self._settings.lambda_per_micro_usd),
                                query.delta_per_s)
-        servable, never = _servable(candidates, inputs.estimates)
+        servable, never = _servable(candidates, inputs.estimates, inputs.queues, prompt_tokens)
         if servable:
             choice, decided_by, degraded_reason = self._choose(policy, request, servable, inputs)
         else:  # no policy could do better than to send the query where it can never be served
@@ -508,17 +508,19 @@ def _failed(span: trace.Span, error: DependencyUnavailable) -> None:
     span.set_status(trace.StatusCode.ERROR, str(error))
 
 
-def _servable(candidates: Sequence[Candidate], estimates: Mapping[str, InstanceEstimate] | None
-              ) -> tuple[list[Candidate], str]:
+def _servable(candidates: Sequence[Candidate], estimates: Mapping[str, InstanceEstimate] | None,
+              queues: Mapping[str, QueueLengths] | None, prompt_tokens: int) -> tuple[list[Candidate], str]:
     """The candidates the estimator did not find unable ever to serve the query (a prompt longer than the instance's
-    max_model_len or KV cache, a resident that can never finish ahead of it), and, when none is left, why."""
-    if estimates is None:
-        return list(candidates), ""
+    max_model_len or KV cache, a resident that can never finish ahead of it), and, when none is left, why. Without
+    the estimator, the engine settings of the latest snapshots in Redis still tell which prompts are too long."""
     servable, reasons = [], []
     for candidate in candidates:
-        estimate = estimates.get(candidate.instance_id)
+        estimate = (estimates or {}).get(candidate.instance_id)
+        queue = (queues or {}).get(candidate.instance_id)
         if estimate is not None and estimate.known and not estimate.feasible:
             reasons.append(f"{candidate.instance_id}: {estimate.reason or 'infeasible'}")
+        elif estimates is None and queue is not None and (refusal := queue.refusal(prompt_tokens)):
+            reasons.append(f"{candidate.instance_id}: {refusal}")
         else:
             servable.append(candidate)
     more = f"; and {len(reasons) - 3} more" if len(reasons) > 3 else ""

@@ -19,6 +19,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from bear.core.result import Infeasibility, explain_refused_prompt, refused_prompt
+from bear.core.state import EngineConfig
 from bear.router.pool import InstanceInfo, same_model
 from bear.routing.contract import Candidate, InstanceSignals
 from bear.routing.observations import RESIDUAL_WINDOW, InstanceObservations, ttft_estimates_s
@@ -102,6 +104,14 @@ class QueueLengths:
     num_running: int
     num_waiting: int
     snapshot_age_ms: float
+    engine: EngineConfig | None = None  # the engine's settings the snapshot records (None: none usable)
+
+    def refusal(self, num_prompt_tokens: int) -> str:
+        """Why the engine can never serve a prompt this long, whatever its load ("": it can, or unknown)."""
+        if self.engine is None:
+            return ""
+        kind = refused_prompt(self.engine, num_prompt_tokens)
+        return "" if kind is Infeasibility.NONE else explain_refused_prompt(kind, self.engine, num_prompt_tokens)
 
 
 class ObservationBook:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from bear.common.prices import price_ok
+from bear.core.wire import engine_from_proto
 from bear.router.decision import DispatchRecord, Outcome, RouteResult
 from bear.router.pool import Registration
 from bear.router.query import RouteQuery
@@ -123,7 +124,9 @@ def registration_from_bytes(payload: bytes) -> Registration:
 def queue_lengths_from_bytes(payload: bytes, now_s: float) -> QueueLengths:
     s = snapshot_pb2.InstanceSnapshot.FromString(payload)
     age_ms = max(0.0, now_s - max(s.taken_at_s, s.read_at_s)) * 1000
-    return QueueLengths(len(s.running), len(s.waiting) + s.num_omitted_waiting, age_ms)
+    usable = min(s.engine.block_size, s.engine.num_gpu_blocks, s.engine.max_model_len) > 0
+    return QueueLengths(len(s.running), len(s.waiting) + s.num_omitted_waiting, age_ms,
+                        engine_from_proto(s.engine) if usable else None)
 
 
 def dispatch_to_bytes(record: DispatchRecord) -> bytes:

@@ -23,7 +23,7 @@ from bear.common.redis_config import RedisConfig
 from bear.router import main
 from bear.router.client import RouterClient
 from bear.router.config import RouterConfig
-from bear.v1 import snapshot_pb2
+from bear.v1 import router_pb2, snapshot_pb2
 from tests.redis_server import RedisServer
 from tests.router_fakes import THREE_INSTANCES, LoopThread, register_instances
 from tests.router_stack import Load, wait_until
@@ -247,3 +247,8 @@ def test_estimator_then_predictor_killed_under_load(deployment: Deployment) -> N
                for d in late)
     snapshot = snapshot_pb2.InstanceSnapshot.FromString(deployment.redis.get(redis_keys.snapshot_key("small-0")))
     assert len(snapshot.waiting) == LOADS["small-0"][1]
+    # The engine settings of those snapshots still tell that no instance takes a prompt past max_model_len (QA: with
+    # the estimator down, it was routed to an engine that refuses it at once).
+    shed = deployment.client.route(prompt_tokens=40_000, ttft_slo_ms=500.0)
+    assert shed.decision == router_pb2.DECISION_SHED and shed.instance_id == "", shed
+    assert "is not shorter than max_model_len (32768)" in shed.reason

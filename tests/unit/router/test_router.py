@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 
+from bear.core.state import EngineConfig
 from bear.router.decision import DispatchRecord, Outcome
 from bear.router.query import DuplicateRequest, InvalidQuery, RouteQuery
 from bear.router.router import NoInstances
@@ -443,6 +444,30 @@ def test_instances_that_can_never_serve_the_query_are_left_out_and_with_none_lef
     assert result.reason.startswith("no instance can ever serve this query") and "too long" in result.reason
     assert all(not c.feasible for c in result.candidates) and len(result.candidates) == 3
     assert nowhere.store.records == []
+
+
+def test_without_the_estimator_the_snapshots_engine_settings_still_leave_out_instances_a_prompt_is_too_long_for(
+        ) -> None:
+    """(QA: with the estimator down, a prompt longer than every max_model_len was routed, by the fallback and by
+    round-robin, to an engine that refuses it at once.)"""
+    harness = make_router()
+    harness.estimator.error = DependencyUnavailable("estimator", "UNAVAILABLE", "connection refused")
+    short, small_cache = EngineConfig(8192, 256, 16, 4096, 512), EngineConfig(8192, 256, 16, 55, 2048)
+    harness.store.queues = {"small-0": QueueLengths(0, 0, 10.0, small_cache),
+                            "medium-0": QueueLengths(0, 0, 10.0, short), "large-0": QueueLengths(5, 5, 10.0, short)}
+    for policy in ("bear", "round-robin", "shortest-queue"):
+        for _ in range(3):
+            assert route(harness, None, prompt_tokens=800, policy=policy).instance_id == "small-0"
+    assert {route(harness, None, prompt_tokens=100, policy="round-robin").instance_id for _ in range(3)} == {
+        "small-0", "medium-0", "large-0"}  # a prompt that fits anywhere goes anywhere
+    nowhere = route(harness, None, prompt_tokens=950, policy="round-robin")
+    assert nowhere.decision is Decision.SHED and nowhere.instance_id == "" and harness.store.records[-1].request_id
+    assert nowhere.reason.startswith("no instance can ever serve this query")
+    assert "medium-0: the query's prompt (950 tokens) is not shorter than max_model_len (512)" in nowhere.reason
+    assert "small-0: the query's prompt needs 60 KV blocks, more than the cache's 55" in nowhere.reason
+    assert not any(c.feasible for c in nowhere.candidates)
+    harness.store.queues = {i.instance_id: QueueLengths(0, 0, 10.0) for i in INSTANCES}  # no engine settings
+    assert route(harness, None, prompt_tokens=950).decision is Decision.ROUTE  # unknown: the engine will say
 
 
 def test_report_outcome_measures_the_prediction_error_of_its_instance() -> None:
