@@ -46,6 +46,7 @@ from bear.common import redis_keys
 from bear.common.redis_config import honour_cancellation
 from bear.core.state import InvalidState
 from bear.common.log_throttle import LogThrottle
+from bear.common.messages import described
 from bear.estimator.admission import RedisValues, refusal
 from bear.estimator.estimation import Calibration, Dispatch, Estimator, supersedes
 from bear.estimator.lps_tracker import LpsTracker
@@ -243,7 +244,7 @@ class SnapshotFeed:
                 await asyncio.wait_for(self._record_residents_dispatches(wanted, now), self._settings.redis_deadline_s)
             except _REDIS_ERRORS as error:
                 self.stats.redis_failures += 1
-                logger.debug("dispatch records of residents unavailable: %r", error)
+                logger.debug("dispatch records of residents unavailable: %s", described(error))
         await self._remaining.resolve(self._resident_rows(fresh))
         for snapshot in fresh:
             self._adopt(snapshot, now)
@@ -455,8 +456,8 @@ class SnapshotFeed:
         self.stats.redis_failures += 1
         delay_s = backoff.failed()
         if backoff.failures == 1 or backoff.failures % 20 == 0:
-            logger.warning("Redis unavailable for the %s (%d failures, retrying in %.2f s): %r", what,
-                           backoff.failures, delay_s, error)
+            logger.warning("Redis unavailable for the %s (%d failures, retrying in %.2f s): %s", what,
+                           backoff.failures, delay_s, described(error))
         return delay_s
 
     # Readers --------------------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from bear.common import redis_keys
+from bear.common.messages import described
 from bear.snapshotter.backoff import Backoff
 from bear.v1 import calibration_pb2, snapshot_pb2
 
@@ -96,8 +97,8 @@ class RedisPublisher:
             try:
                 self._withdraw()
             except Exception as error:  # noqa: BLE001 - redis.RedisError, OSError: the TTL removes it in time
-                logger.warning("instance %s not withdrawn from Redis at shutdown (%r): it expires with its TTL",
-                               self._instance_id, error)
+                logger.warning("instance %s not withdrawn from Redis at shutdown (%s): it expires with its TTL",
+                               self._instance_id, described(error))
 
     def _run(self) -> None:
         while True:
@@ -162,11 +163,11 @@ class RedisPublisher:
     def _failed(self, error: Exception, snapshot: snapshot_pb2.InstanceSnapshot | None,
                 coefficients_pending: bool) -> None:
         self.num_failures += 1
-        self.last_error = repr(error)
+        self.last_error = described(error)
         delay_s = self._backoff.failed()
         if self._backoff.failures == 1 or self._backoff.failures % 20 == 0:
-            logger.warning("Redis unavailable (%d failed attempts, retrying in %.2f s): %r", self._backoff.failures,
-                           delay_s, error)
+            logger.warning("Redis unavailable (%d failed attempts, retrying in %.2f s): %s", self._backoff.failures,
+                           delay_s, described(error))
         with self._wake:
             if self._snapshot is None:  # nothing newer arrived: retry this one
                 self._snapshot = snapshot
