@@ -82,13 +82,15 @@ def read_config_file(path: Path, known: set[str]) -> dict[str, str]:
     if not isinstance(document, Mapping):
         raise ConfigFileError(f"config file {path}: expected a mapping of settings, got {type(document).__name__}")
     settings = {}
+    names = ", ".join(sorted(n.removeprefix(PREFIX).lower() for n in known))
     for key, value in document.items():
+        if key is None:  # `null:` or `~:`, YAML's null
+            raise ConfigFileError(f"config file {path}: a key is null, which names no setting (known: {names})")
         name = PREFIX + str(key).upper()
         if str(key) != str(key).lower():  # `PORT` beside `port` would pass the duplicate-key check
             raise ConfigFileError(f"config file {path}: {key!r}: settings are written in lower case "
                                   f"({str(key).lower()!r})")
         if name not in known:
-            names = ", ".join(sorted(n.removeprefix(PREFIX).lower() for n in known))
             raise ConfigFileError(f"config file {path}: unknown setting {key!r} (known: {names})")
         if isinstance(value, (Mapping, list)):
             raise ConfigFileError(f"config file {path}: {key} must be a single value")

@@ -34,6 +34,8 @@ def test_file_then_environment_then_flags(tmp_path: Path) -> None:
     ("a_s: [\n", "config file .*settings.yaml"),
     ("port: 80\nflag: true\nport: 81\n", "(?s)config file .*settings.yaml: .*the key 'port' appears a second time"),
     ("port: 0\nPORT: 81\n", "'PORT': settings are written in lower case \\('port'\\)"),  # past the duplicate check
+    ("null: 1\n", "a key is null, which names no setting .known: a_s, flag, port."),  # (QA: "None: ... lower case")
+    ("~: 1\n", "a key is null"),
 ])
 def test_a_bad_file_is_named(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(ConfigFileError, match=message):
