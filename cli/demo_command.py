@@ -31,20 +31,21 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                              "(default bear,score,routebalance)")
     parser.add_argument("--seed", type=seed, default=0, help=f"an integer in [0, {MAX_SEED}] (default 0)")
     parser.add_argument("--looseness", type=positive_number, default=1.0, help="TTFT targets × this (default 1)")
-    parser.add_argument("--json", type=Path, metavar="FILE",
+    parser.add_argument("--json", type=_path, metavar="FILE",
                         help="also write the results as JSON (its folder is created if missing)")
     parser.add_argument("--redis-url", default="", help="use this Redis instead of the embedded one")
-    parser.add_argument("--run-folder", type=Path, help="where service logs go (default: a new temporary folder)")
+    parser.add_argument("--run-folder", type=_path, help="where service logs go (default: a new temporary folder)")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from bear.demo.runner import DemoConfig, DemoInterrupted, run_demo, write_json
+    from bear.demo.runner import DemoConfig, DemoInterrupted, check_policies, run_demo, write_json
 
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
     try:
         config = DemoConfig(duration_s=args.duration, rate_qps=args.rate, policies=policies, seed=args.seed,
                             looseness=args.looseness, redis_url=args.redis_url, run_folder=args.run_folder)
+        check_policies(config.policies)  # before any folder is made (QA: a refused run left the --json folder)
     except ValueError as error:
         print(f"bear demo: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -111,11 +112,21 @@ def _folder_problem(flag: str, given: Path, folder: Path) -> str | None:
     """Creates `folder` (and its parents) if missing; why it cannot be created or written in, or None."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):  # (QA: "/etc/passwd: File exists")
+        return f"{flag} {given}: cannot create the folder {folder}: a file is in the way"
     except OSError as error:
         return f"{flag} {given}: cannot create the folder {folder}: {error.strerror or error}"
     if not os.access(folder, os.W_OK | os.X_OK):
         return f"{flag} {given}: cannot write in the folder {folder}"
     return None
+
+
+def _path(text: str) -> Path:
+    """A path given to a flag: not empty (QA: `--run-folder "$DIR"` with DIR unset wrote the run into the current
+    folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty: name a path")
+    return Path(text)
 
 
 def _seconds(text: str) -> float:

@@ -12,6 +12,8 @@ and is rebuilt within one snapshot interval.
     bear:dispatch:<request id>     DispatchRecord of a routed query (router → estimator), with a TTL (DISPATCH_TTL_S)
     bear:dispatches:<id>           sorted set: request ids routed to the instance → dispatch time (Unix seconds);
                                    entries older than DISPATCH_TTL_S are trimmed by the writer
+    bear:demo                      a random token, with a short TTL refreshed while a `bear demo` runs on this database
+                                   (--redis-url): the claim that keeps a second one off it
     bear:present                   Redis' epoch, no TTL, set by the first router to find it missing: when it
                                    changes, Redis is new or came back empty (its instances register again within
                                    their heartbeat, the routers write their latest dispatch records again)
@@ -22,6 +24,7 @@ from __future__ import annotations
 INSTANCES = "bear:instances"
 INSTANCES_WINDOW_S = 600.0  # an instance whose entry in INSTANCES is older is gone (a pod long replaced)
 PRESENT = "bear:present"
+DEMO = "bear:demo"
 DISPATCH_TTL_S = 600.0  # a dispatch record outlives any request BEAR estimates for
 SNAPSHOTS_CHANNEL = "bear:snapshots"
 

@@ -129,6 +129,11 @@ class PoolProcess:
             self.stop()
             raise RuntimeError(f"the simulated pool did not start: {self._failure or 'timed out'}")
 
+    @property
+    def exit_code(self) -> int | None:
+        """None while the pool's process runs (or before it started)."""
+        return self._process.exitcode
+
     def submit(self, instance_id: str, request_id: str, prompt_tokens: int, output_tokens: int) -> None:
         if instance_id not in self.instance_ids:
             raise KeyError(f"no simulated instance {instance_id!r}")

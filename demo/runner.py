@@ -43,6 +43,9 @@ WARMUP_POLICY = "round-robin"
 ARRIVAL_SHARE = 0.75  # of each turn: queries arrive during this share, the rest lets them finish
 READY_TIMEOUT_S = 60.0
 CALIBRATION_TIMEOUT_S = 20.0
+DEMO_OWN_VARIABLES = ("BEAR_CACHE_DIR", "BEAR_DEMO_POOL_LOG")  # read by the demo itself, not by its services
+CLAIM_TTL_S = 15.0  # --redis-url: the demo's claim on the database lives this long unless refreshed (every third)
+POOL_CHECK_S = 0.5  # how often the run checks that the simulated pool's process is alive
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # end the run as Ctrl-C does: the services and the pool stop first
 T = TypeVar("T")
 
@@ -102,19 +105,24 @@ class DemoConfig:
 def run_demo(config: DemoConfig, out: TextIO = sys.stdout, status: TextIO = sys.stderr) -> dict[str, Any]:
     """Runs the demo; prints the results to `out` and progress to `status`; returns the results. Called from the main
     thread, SIGTERM and SIGHUP stop the services and the pool, then raise DemoInterrupted."""
-    from bear.routing.registry import UnknownPolicy, build_policy
-
-    for name in config.policies:
-        try:
-            build_policy(name)
-        except UnknownPolicy as error:
-            raise ValueError(f"policies: {error}") from None
+    check_policies(config.policies)
     # The event loop is made before a signal can interrupt anything: one interrupted while asyncio builds it leaves a
     # half-made loop behind (a traceback at exit).
     with asyncio.Runner() as runner:
         runner.get_loop()
         with _ended_by_signals() as stops:
             return _run(config, runner, stops, out, status)
+
+
+def check_policies(names: Sequence[str]) -> None:
+    """Raises ValueError naming a policy the registry does not know."""
+    from bear.routing.registry import UnknownPolicy, build_policy
+
+    for name in names:
+        try:
+            build_policy(name)
+        except UnknownPolicy as error:
+            raise ValueError(f"policies: {error}") from None
 
 
 def _run(config: DemoConfig, runner: asyncio.Runner, stops: _StopSignals | None, out: TextIO,
@@ -134,21 +142,24 @@ def _run_in(folder: Path, config: DemoConfig, runner: asyncio.Runner, stops: _St
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise ValueError(f"run folder {folder}: {error.strerror or error}") from None
-    if config.redis_url:
-        _own_redis(config.redis_url)  # before the predictor's training
     say = _Status(status)
-    say.line(f"bear demo: run folder {folder} (service logs)")
-    say.line("preparing the predictor (trained on the synthetic evaluation table; cached after the first run) …")
-    artifact = predictor_artifact(config.seed)
-    prompts = demo_prompts(config.seed, config.num_prompts)
-    with _folder_of_its_own(folder), _redis(config, folder) as redis_url, \
-            _stack(config, artifact, folder, redis_url, say) as (router, pool, sink):
-        drive = _drive(config, router.address, prompts, pool, sink, redis_url, say)
-        results = runner.run(stops.guard(drive) if stops is not None else drive)
+    with _claimed(config.redis_url), _folder_of_its_own(folder):  # both before the predictor's training
+        say.line(f"bear demo: run folder {folder} (service logs)")
+        say.line("preparing the predictor (trained on the synthetic evaluation table; cached after the first run) …")
+        artifact = predictor_artifact(config.seed)
+        prompts = demo_prompts(config.seed, config.num_prompts)
+        results = _run_stack(config, artifact, prompts, folder, runner, stops, say)
     report = {"policies": results, "rate_qps": config.rate_qps, "turn_s": config.turn_s, "seed": config.seed,
               "duration_s": config.duration_s, "looseness": config.looseness}
     _print_results(report, config, out)
     return report
+
+
+def _run_stack(config: DemoConfig, artifact: Path, prompts: Sequence[DemoPrompt], folder: Path,
+               runner: asyncio.Runner, stops: _StopSignals | None, say: _Status) -> dict[str, dict[str, object]]:
+    with _redis(config, folder) as redis_url, _stack(config, artifact, folder, redis_url, say) as (router, pool, sink):
+        drive = _watched(_drive(config, router.address, prompts, pool, sink, redis_url, say), pool)
+        return runner.run(stops.guard(drive) if stops is not None else drive)
 
 
 class _StopSignals:
@@ -231,19 +242,53 @@ def _folder_of_its_own(folder: Path) -> Iterator[None]:
         yield
 
 
-def _own_redis(url: str) -> None:
-    """--redis-url must answer and hold no registered instance: another demo's (the two would route to each other's
-    simulated instances) or a real pool's (its routers would route real queries to `sim://` endpoints)."""
+@contextlib.contextmanager
+def _claimed(url: str) -> Iterator[None]:
+    """--redis-url (none: nothing to claim) must answer and hold no registered instance: another demo's (the two
+    would route to each other's simulated instances) or a real pool's (its routers would route real queries to
+    `sim://` endpoints). The run holds a claim on the database (redis_keys.DEMO, set only if absent, refreshed while
+    it runs, removed at its end): two demos started at once both found no instance there before either registered
+    its pool (QA), and broke each other's runs."""
+    if not url:
+        yield
+        return
+    token = os.urandom(16).hex()
     try:
-        with connect(RedisConfig(url=url, timeout_s=5.0)) as client:
+        client = connect(RedisConfig(url=url, timeout_s=5.0))
+    except Exception as error:  # noqa: BLE001 - redis.RedisError, OSError: a URL it cannot use
+        raise ValueError(f"--redis-url {url}: {type(error).__name__}: {error}") from None
+    stop = threading.Event()
+    refresher = threading.Thread(target=_hold_claim, args=(client, token, stop), name="bear-demo-claim", daemon=True)
+    try:
+        try:
+            claimed = client.set(redis_keys.DEMO, token, nx=True, px=int(CLAIM_TTL_S * 1000))
             members = [m.decode(errors="replace") for m in client.zrange(redis_keys.INSTANCES, 0, -1)]
             live = [m for m in members if client.exists(redis_keys.instance_key(m))]
-    except Exception as error:  # noqa: BLE001 - redis.RedisError, OSError: unreachable, refused, wrong password
-        raise ValueError(f"--redis-url {url}: {type(error).__name__}: {error}") from None
-    if live:
-        more = f" and {len(live) - 3} more" if len(live) > 3 else ""
-        raise ValueError(f"--redis-url {url}: instances are registered there already ({', '.join(live[:3])}{more}): "
-                         "the demo needs a Redis, or a database number, of its own")
+        except Exception as error:  # noqa: BLE001 - redis.RedisError, OSError: unreachable, refused, wrong password
+            raise ValueError(f"--redis-url {url}: {type(error).__name__}: {error}") from None
+        if not claimed:
+            raise ValueError(f"--redis-url {url}: another bear demo runs on this database; give each its own "
+                             "(another database number, e.g. /1)")
+        if live:
+            more = f" and {len(live) - 3} more" if len(live) > 3 else ""
+            raise ValueError(f"--redis-url {url}: instances are registered there already ({', '.join(live[:3])}"
+                             f"{more}): the demo needs a Redis, or a database number, of its own")
+        refresher.start()
+        yield
+    finally:
+        stop.set()
+        if refresher.is_alive():
+            refresher.join(5.0)
+        with contextlib.suppress(Exception):  # else it is gone with its TTL
+            if client.get(redis_keys.DEMO) == token.encode():
+                client.delete(redis_keys.DEMO)
+        client.close()
+
+
+def _hold_claim(client: redis.Redis, token: str, stop: threading.Event) -> None:
+    while not stop.wait(CLAIM_TTL_S / 3):
+        with contextlib.suppress(Exception):  # Redis away for a moment: the next refresh may succeed
+            client.set(redis_keys.DEMO, token, px=int(CLAIM_TTL_S * 1000))
 
 
 @contextlib.contextmanager
@@ -276,8 +321,13 @@ class _EventSink:
 @contextlib.contextmanager
 def _stack(config: DemoConfig, artifact: Path, folder: Path, redis_url: str,
            say: _Status) -> Iterator[tuple[ServiceProcess, PoolProcess, _EventSink]]:
-    environ = dict(os.environ)
+    environ = {name: value for name, value in os.environ.items() if not name.startswith("BEAR_")}
     environ["BEAR_REDIS_URL"] = redis_url
+    ignored = sorted(n for n in os.environ if n.startswith("BEAR_") and n not in DEMO_OWN_VARIABLES)
+    if ignored:  # a pools file, discovery, the router's settings: the demo's stack is its own (QA: BEAR_POOLS_FILE
+        # made its router route to instances the simulated pool does not have)
+        say.line(f"note: the demo's services run on settings of their own: {', '.join(ignored)} from the environment "
+                 "not passed to them")
     environ.setdefault("OTEL_TRACES_EXPORTER", "none")  # set OTEL_* to send the decisions' traces to a collector
     environ.setdefault("OTEL_METRICS_EXPORTER", "none")
     environ.setdefault("OTEL_LOGS_EXPORTER", "none")
@@ -310,6 +360,23 @@ def _stack(config: DemoConfig, artifact: Path, folder: Path, redis_url: str,
         _stop_all([*reversed(services), pool])
 
 
+async def _watched(main: Coroutine[Any, Any, T], pool: PoolProcess) -> T:
+    """`main`, ended with a RuntimeError if the simulated pool's process exits meanwhile (QA: killed, the demo went
+    on to print figures in which the queries sent to it were late)."""
+    task = asyncio.ensure_future(main)
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=POOL_CHECK_S)
+            if not task.done() and pool.exit_code is not None:
+                raise RuntimeError(f"the simulated pool's process ended (exit code {pool.exit_code}) during the "
+                                   "run: no figures")
+        return task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
 async def _drive(config: DemoConfig, router_address: str, prompts: Sequence[DemoPrompt], pool: PoolProcess,
                  sink: _EventSink, redis_url: str, say: _Status) -> dict[str, dict[str, object]]:
     from bear.router.client import AsyncRouterClient
@@ -330,7 +397,7 @@ async def _drive(config: DemoConfig, router_address: str, prompts: Sequence[Demo
             queries = plan(prompts, config.rate_qps, config.turn_s * ARRIVAL_SHARE, config.seed, PAPER_POOL,
                            config.looseness)
             say.line(f"{len(queries)} queries at {config.rate_qps:g} queries/s per policy, "
-                     f"{config.turn_s:.3g} s each: {', '.join(config.policies)}")
+                     f"{_seconds(config.turn_s)} s each: {', '.join(config.policies)}")
             results = {}
             for policy in config.policies:
                 queued = client.num_queued  # earlier queries still waiting for their first token
@@ -376,7 +443,8 @@ def _progress_line(turn: PolicyTurn, summary: dict[str, object], done: bool = Fa
     p50 = summary["route_p50_ms"]
     route_p50 = "–" if p50 is None else f"{p50:.1f} ms"  # no call answered yet
     on_time, utility = summary["slo_attainment"], summary["on_time_utility"]
-    return (f"  {turn.policy:<16} {bar} {elapsed:5.1f}/{turn.duration_s:.3g} s  queries {summary['queries']:>4}  "
+    return (f"  {turn.policy:<16} {bar} {elapsed:5.1f}/{_seconds(turn.duration_s)} s  "
+            f"queries {summary['queries']:>4}  "
             f"on time {'–' if on_time is None else f'{100 * on_time:5.1f}%'}  "
             f"OnTimeUtility {'–' if utility is None else f'{utility:.3f}'}  "
             f"route p50 {route_p50}  errors {summary['errors']}  [{mix}]")
@@ -449,7 +517,8 @@ class _Status:
 
 def _print_results(report: dict[str, Any], config: DemoConfig, out: TextIO) -> None:
     policies: dict[str, dict[str, Any]] = report["policies"]
-    print(f"\nBEAR demo: {config.rate_qps:g} queries/s, {config.turn_s:.3g} s per policy, seed {config.seed}", file=out)
+    print(f"\nBEAR demo: {config.rate_qps:g} queries/s, {_seconds(config.turn_s)} s per policy, seed {config.seed}",
+          file=out)
     width = max(14, *(len(name) for name in policies))  # bear-prefill-tps, latency-agnostic: 16
     header = (f"{'policy':<{width}} {'queries':>7} {'OnTimeUtility':>13} {'SLO met':>8} {'shed':>5} {'errors':>6} "
               f"{'route p50':>10} {'route p99':>10} {'TTFT est. error':>15}  routing mix")
@@ -479,6 +548,11 @@ def _print_results(report: dict[str, Any], config: DemoConfig, out: TextIO) -> N
     print("SLO met: TTFT from the Route call to the first token (routing included). TTFT est. error: median absolute "
           "error of the TTFT predicted for the chosen instance, relative to the TTFT measured there (from the "
           "query's arrival at the instance; --json gives the mean too, ttft_mape).", file=out)
+
+
+def _seconds(value: float) -> str:
+    """A turn's length: three significant digits, never in scientific notation (2990, not 2.99e+03)."""
+    return f"{value:.3g}" if value < 1000 else f"{value:.0f}"
 
 
 def _ms(value: float | None) -> str:

@@ -27,9 +27,14 @@ def _run(args: list[str], tmp_path: Path, timeout_s: float, **environ_overrides:
 
 def test_demo_routes_a_workload_with_three_policies(tmp_path: Path) -> None:
     out = tmp_path / "demo.json"
+    # The user's own settings of the services do not reach the demo's (QA: with BEAR_POOLS_FILE, its router routed
+    # to instances the simulated pool does not have, and every query counted as routed and late).
+    pools = Path(__file__).resolve().parents[2] / "docs" / "examples" / "pools.yaml"
     completed = _run(["--duration", "30", "--rate", "12", "--json", str(out), "--run-folder", str(tmp_path / "run")],
-                     tmp_path, timeout_s=600)
+                     tmp_path, timeout_s=600, BEAR_POOLS_FILE=str(pools), BEAR_DEFAULT_POLICY="round-robin")
     assert completed.returncode == 0, completed.stderr[-3000:]
+    assert ("BEAR_DEFAULT_POLICY, BEAR_POOLS_FILE from the environment not passed to them" in completed.stderr
+            and "BEAR_CACHE_DIR" not in completed.stderr)
     report = json.loads(out.read_text())
     assert tuple(report["policies"]) == POLICIES
     for name, figures in report["policies"].items():
@@ -60,6 +65,8 @@ def test_demo_routes_a_workload_with_three_policies(tmp_path: Path) -> None:
     (["--seed", "-1"], "--seed"),
     (["--seed", str(2**31)], "--seed"),
     (["--looseness", "10000"], "looseness must be a number in (0, 100]"),  # every target past the router's limit
+    (["--run-folder", ""], "--run-folder: is empty"),  # (QA: the run went into the current folder)
+    (["--json", " "], "--json: is empty"),
 ])
 def test_demo_rejects_bad_input_naming_it(tmp_path: Path, args: list[str], message: str) -> None:
     completed = _run(args, tmp_path, timeout_s=120)
@@ -70,8 +77,10 @@ def test_demo_rejects_bad_input_naming_it(tmp_path: Path, args: list[str], messa
 def test_a_run_folder_or_json_file_that_cannot_be_used_is_refused_before_anything_starts(tmp_path: Path) -> None:
     a_file = tmp_path / "a-file"
     a_file.write_text("")
+    refused = _run(["--json", str(tmp_path / "new" / "demo.json"), "--policies", "nope"], tmp_path, timeout_s=120)
+    assert refused.returncode == 2 and not (tmp_path / "new").exists()  # (QA: a refused run made the folder)
     for args, cache, message in ((["--run-folder", str(a_file)], "", "--run-folder"),
-                                 (["--run-folder", str(a_file / "run")], "", "--run-folder"),
+                                 (["--run-folder", str(a_file / "run")], "", "a file is in the way"),
                                  (["--json", str(a_file / "out" / "demo.json")], "", "--json"),
                                  ([], str(a_file), f"BEAR_CACHE_DIR {a_file}: exists and is not a folder")):
         started = time.monotonic()
@@ -91,7 +100,11 @@ def test_a_redis_that_is_unreachable_or_serves_instances_already_is_refused(tmp_
         with redis.Redis.from_url(server.url) as client:
             client.zadd("bear:instances", {"gpu-pool-0": time.time()})
             client.set("bear:instance:gpu-pool-0", b"\n\x0agpu-pool-0")
+        claimed = server.url.rsplit("/", 1)[0] + "/3"
+        with redis.Redis.from_url(claimed) as client:  # another demo's claim on database 3 (QA: two demos started
+            client.set("bear:demo", "another", ex=60)  # at once both passed the check for registered instances)
         for url, message in ((server.url, "instances are registered there already (gpu-pool-0)"),
+                             (claimed, "another bear demo runs on this database"),
                              ("redis://127.0.0.1:1/0", "ConnectionError")):
             temporary = tmp_path / "tmp"
             temporary.mkdir(exist_ok=True)
@@ -100,6 +113,10 @@ def test_a_redis_that_is_unreachable_or_serves_instances_already_is_refused(tmp_
             assert f"bear demo: --redis-url {url}: " in completed.stderr and message in completed.stderr
             assert "preparing the predictor" not in completed.stderr  # found before the training
             assert not list(temporary.iterdir())  # no empty run folder left behind
+        with redis.Redis.from_url(server.url) as client:
+            assert client.get("bear:demo") is None  # the refused run's claim is gone with it
+        with redis.Redis.from_url(claimed) as client:
+            assert client.get("bear:demo") == b"another"  # and another's stays
     finally:
         server.stop()
 

@@ -111,3 +111,75 @@ def test_a_query_whose_route_call_is_in_flight_is_not_an_error_until_it_goes_una
         assert sorted(r.error for r in failed) == ["UNAVAILABLE: no ready instance", "the Route call was not answered"]
 
     asyncio.run(scenario())
+
+
+def test_a_query_the_pool_does_not_serve_is_an_error_not_a_route() -> None:
+    """(QA: with the user's BEAR_POOLS_FILE, the router chose instances the simulated pool does not have, and with
+    the pool's process killed its pipe was gone; either way the queries counted as routed and late, errors 0.)"""
+    import asyncio
+
+    from bear.demo.assets import DemoPrompt
+    from bear.demo.workload import FAILED, PlannedQuery, WorkloadClient
+    from bear.predictor.catalog import PAPER_POOL
+    from bear.v1 import router_pb2
+
+    class Router:
+        async def route(self, *args: object, request_id: str, **kwargs: object) -> router_pb2.RouteDecision:
+            instance = "large-0" if request_id.endswith("-0") else "qwen3-8b-0"
+            return router_pb2.RouteDecision(
+                request_id=request_id, decision=router_pb2.DECISION_ROUTE, instance_id=instance, model="Qwen3-8B",
+                candidates=[router_pb2.CandidateDecision(instance_id=instance, model="Qwen3-8B", prompt_tokens=3)])
+
+    def submit(instance_id: str, request_id: str, prompt_tokens: int, output_tokens: int) -> None:
+        if instance_id == "large-0":
+            raise KeyError(f"no simulated instance {instance_id!r}")
+        raise BrokenPipeError(32, "Broken pipe")
+
+    async def scenario() -> PolicyTurn:
+        client = WorkloadClient(Router(), submit, PAPER_POOL, asyncio.get_running_loop())  # type: ignore[arg-type]
+        turn = PolicyTurn("bear", 0.2)
+        prompt = DemoPrompt("hello there", "chat", {"Qwen3-8B": 0.9}, {"Qwen3-8B": 20})
+        await client.run_turn(turn, [PlannedQuery(0.0, prompt, 1.0), PlannedQuery(0.0, prompt, 1.0)], "t")
+        assert client.num_in_flight == 0 and client.num_queued == 0
+        return turn
+
+    turn = asyncio.run(scenario())
+    assert [r.status for r in turn.results] == [FAILED, FAILED]
+    assert turn.results[0].error == "not served: \"no simulated instance 'large-0'\""
+    assert turn.results[1].error.startswith("not served: ") and "Broken pipe" in turn.results[1].error
+    summary = summarise(turn.results)
+    assert (summary["routes"], summary["errors"], summary["mix"]) == (0, 2, {})
+
+
+def test_a_run_ends_with_an_error_when_the_pool_process_ends() -> None:
+    """(QA: with the pool's process killed, the demo went on and printed figures as if the policy had done badly.)"""
+    import asyncio
+
+    import pytest
+
+    from bear.demo import runner
+
+    class Pool:
+        exit_code: int | None = None
+
+    pool = Pool()
+
+    async def drive() -> str:
+        await asyncio.sleep(0.05)
+        return "figures"
+
+    async def killed_meanwhile() -> str:
+        pool.exit_code = -9
+        await asyncio.sleep(60)
+        return "figures"
+
+    assert asyncio.run(runner._watched(drive(), pool)) == "figures"  # type: ignore[arg-type]
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"the simulated pool's process ended \(exit code -9\) during the run"):
+        asyncio.run(runner._watched(killed_meanwhile(), pool))  # type: ignore[arg-type]
+    assert time.monotonic() - started < 5  # within a check or two, the run cancelled
+
+
+def test_a_long_turn_is_shown_in_seconds_not_in_scientific_notation() -> None:
+    turn = PolicyTurn("bear", 2990.0)
+    assert "/2990 s" in _progress_line(turn, summarise([])) and "e+03" not in _progress_line(turn, summarise([]))
