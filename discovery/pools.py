@@ -19,7 +19,8 @@ The Helm chart renders it from its `pools:` values into a ConfigMap; locally it 
 
 Prices may be left out, both of them (the chart always writes them): the pool's prices are then 0 and the router
 takes those its instances' snapshotters registered (BEAR_INPUT_USD_PER_MTOK, BEAR_OUTPUT_USD_PER_MTOK), else the
-cost the predictor's catalogue gives for the model. One price without the other is refused.
+cost the predictor's catalogue gives for the model. Both written as 0 mean the same (as in the chart's values: a pool
+meant to cost nothing takes a tiny price, 1e-9). One price without the other is refused.
 
 No two pools may claim the same instance: a static id is listed once in the whole file, and no pool's selector may
 be a subset of another's (every pod of the narrower pool would match both). Every error names the pool and the field.

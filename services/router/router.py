@@ -138,6 +138,7 @@ class Router:
         self._refresh_failures = 0  # refreshes in a row that Redis failed (logged at the first and every 20th)
         self._first_load: asyncio.Future[None] | None = None
         self._routable: frozenset[str] = frozenset()  # as of the last refresh, for the log of its changes
+        self._unpredicted: set[str] = set()  # models left out for want of a prediction, logged once each
 
     # Route ----------------------------------------------------------------------------------------------------------
 
@@ -298,6 +299,12 @@ class Router:
         missing = sorted({i.model for i in instances} - {i.model for i in covered})
         for model in missing:
             self._metrics.unpredicted_instances.labels(model).inc()
+            if model not in self._unpredicted:  # once per model: the metric counts every query (QA: no log line)
+                self._unpredicted.add(model)
+                left_out = [i.instance_id for i in instances if i.model == model]
+                logger.warning("instances of model %r (%s) are left out of routing: the predictor has no prediction "
+                               "for it (its models: %s); a model the predictor's catalogue names, or a Hugging Face "
+                               "id of one, is routed", model, _listed(left_out), ", ".join(sorted(predictions)))
         if covered:
             return covered, predictions, None
         return instances, None, DependencyUnavailable("predictor", "NO_PREDICTION",

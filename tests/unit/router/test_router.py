@@ -277,10 +277,17 @@ def test_a_predictor_without_the_pools_models_counts_as_unavailable() -> None:
     assert harness.metric("bear_router_unpredicted_instances_total", model="Qwen3-8B") == 1
 
 
-def test_instances_whose_model_is_not_predicted_are_left_out() -> None:
+def test_instances_whose_model_is_not_predicted_are_left_out(caplog: pytest.LogCaptureFixture) -> None:
     harness = make_router(predictions={"Qwen3-8B": prediction("Qwen3-8B", 0.7)})
-    result = route(harness)
+    with caplog.at_level(logging.WARNING, logger="bear.router"):
+        result = route(harness)
+        route(harness)
     assert [c.instance_id for c in result.candidates] == ["medium-0"] and not result.degraded
+    # said once per model, with what the predictor knows (QA: only a metric told a misspelt pools file's model)
+    warnings = [r.getMessage() for r in caplog.records if "left out of routing" in r.getMessage()]
+    assert sorted(w.split("'")[1] for w in warnings) == ["Qwen3-0.6B", "Qwen3-32B"]
+    assert "instances of model 'Qwen3-32B' (large-0) are left out" in " ".join(warnings)
+    assert all("(its models: Qwen3-8B)" in w for w in warnings)
 
 
 def test_infeasible_and_unknown_estimates_reach_the_policy_as_such() -> None:
