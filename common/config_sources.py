@@ -155,13 +155,21 @@ def shutdown_grace_problem(value: float) -> str | None:
     return None
 
 
+def is_utf8(text: str) -> bool:
+    """False for a text holding an undecodable byte of the environment or the command line (a lone surrogate): no
+    client or server could send it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def grpc_target_problem(name: str, target: str) -> str | None:
     """Why `target` (the setting `name`) is no gRPC address — host:port, [IPv6]:port or a gRPC resolver's target
     (dns:///host:port, unix:/path, ...) — or None. A URL or a missing port would leave the caller degraded for good
     (an http:// scheme is no gRPC resolver; without a port gRPC dials 443)."""
-    try:
-        target.encode("utf-8")
-    except UnicodeEncodeError:  # an undecodable byte from the command line or the environment
+    if not is_utf8(target):
         return f"{name} is not UTF-8 text: got {target!r}"
     if target.lower().startswith(_GRPC_SCHEMES):
         return None

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
-from bear.common.config_sources import env_bool, env_float
+from bear.common.config_sources import env_bool, env_float, is_utf8
 
 if TYPE_CHECKING:
     import redis
@@ -50,7 +50,7 @@ class RedisConfig:
 
     def __post_init__(self) -> None:
         for name, text in (("BEAR_REDIS_URL (--redis-url)", self.url), ("BEAR_REDIS_PASSWORD", self.password)):
-            if text and not _is_utf8(text):  # an undecodable byte of the environment: the client could not send it
+            if text and not is_utf8(text):  # an undecodable byte of the environment: the client could not send it
                 raise ValueError(f"{name}: not UTF-8 text (it holds a byte that is not)")
         problem = _url_problem(self.url) if self.url else None
         if problem is not None:
@@ -97,14 +97,6 @@ class RedisConfig:
         parts = urlsplit(self.url)
         host = parts.hostname or parts.path
         return f"{parts.scheme}://{host}{f':{parts.port}' if parts.port else ''}{' with TLS' if self.uses_tls else ''}"
-
-
-def _is_utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _url_problem(url: str) -> str | None:

@@ -14,7 +14,7 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from bear.common.config_sources import grpc_target_problem
+from bear.common.config_sources import grpc_target_problem, is_utf8
 from bear.common.prices import PRICE_RANGE, price_ok
 from bear.common.redis_config import RedisConfig
 
@@ -95,7 +95,7 @@ class SnapshotterConfig:
                            ("BEAR_INSTANCE_ID (--instance-id)", self.instance_id), ("BEAR_POOL (--pool)", self.pool),
                            ("BEAR_MODEL (--model)", self.model), ("BEAR_INSTANCE_ENDPOINT (--endpoint)", self.endpoint),
                            ("BEAR_SNAPSHOTTER_GRPC_HOST", self.grpc_host)):
-            _require(_is_utf8(text), f"{name} is not UTF-8 text: got {text!r}")  # an undecodable byte of the
+            _require(is_utf8(text), f"{name} is not UTF-8 text: got {text!r}")  # an undecodable byte of the
             # environment or the command line: it would fail later, in a registration or a server that never starts
         _require(bool(self.region), "BEAR_SNAPSHOT_REGION must not be empty")
         _require(bool(self.instance_id), "BEAR_INSTANCE_ID must not be empty")
@@ -205,14 +205,6 @@ def _float(environ: Mapping[str, str], name: str, default: float) -> float:
         return float(text) if text else default
     except ValueError:
         raise ValueError(f"{name} must be a number, got {text!r}") from None
-
-
-def _is_utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _require(ok: bool, message: str) -> None:
