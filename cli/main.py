@@ -38,6 +38,10 @@ EXIT_BROKEN_PIPE = 128 + 13  # as a shell reports a process ended by SIGPIPE
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from bear.common.otel_settings import drop_unusable
+
+    for problem in drop_unusable():  # before any command imports the OpenTelemetry SDK, which would fail on them
+        print(f"bear {args.command}: {problem}", file=sys.stderr)
     try:
         return int(args.handler(args) or 0)
     except KeyboardInterrupt:  # Ctrl-C in a one-shot command (training, a replay), or a service still starting

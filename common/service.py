@@ -15,7 +15,8 @@ when `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT` names
 services) but not exported. `OTEL_SERVICE_NAME` or `service.name` in `OTEL_RESOURCE_ATTRIBUTES` names the service
 (default: the service's own name). A setting that the exporters refuse (a malformed endpoint, timeout or compression)
 is logged with the variables involved and the service runs without that exporter: tracing never keeps a service from
-serving. At shutdown the spans still queued get at most TRACING_FLUSH_S to reach the collector.
+serving (the values the SDK itself would fail on, span limits and propagators, are left out before it is imported:
+bear.common.otel_settings, from `bear`'s entry point). At shutdown the spans still queued get at most TRACING_FLUSH_S to reach the collector.
 """
 
 from __future__ import annotations

@@ -208,3 +208,30 @@ def test_the_snapshotter_refuses_a_folder_as_its_region_and_an_endpoint_that_is_
     endpoint = _serve("snapshotter", "--region", str(tmp_path / "r"), "--instance-id", "i-0", "--endpoint", "not a url")
     assert endpoint.returncode == 2 and "BEAR_INSTANCE_ENDPOINT (--endpoint) must be" in endpoint.stderr
     assert "Traceback" not in folder.stderr + endpoint.stderr
+
+
+@pytest.mark.parametrize("service", ["predictor", "estimator", "router", "snapshotter"])
+def test_otel_settings_the_sdk_would_fail_on_are_ignored_and_the_service_serves(service: str, artifact_dir: Path,
+                                                                               tmp_path: Path) -> None:
+    """(QA: OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT=abc stopped every service at start with a traceback, OTEL_SDK_DISABLED or
+    not, as did a negative limit or a propagator not installed.)"""
+    if service == "snapshotter":
+        command = [BEAR, "snapshotter", "--instance-id", "otel-probe", "--region", str(tmp_path / "region")]
+    else:
+        command = [BEAR, "serve", service, *_service_flags(service, artifact_dir), "--host", "127.0.0.1"]
+    environ = {**os.environ, "BEAR_REDIS_URL": UNREACHABLE_REDIS, "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT": "abc",
+               "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "-1", "OTEL_PROPAGATORS": "b3,no-such-propagator"}
+    process = subprocess.Popen([*command, "--grpc-port", "0", "--metrics-port", "off"], env=environ,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        first = process.stdout.readline()
+    finally:
+        process.terminate()
+        _, errors = process.communicate(timeout=30)
+    assert first.startswith("grpc_port="), errors[-3000:]
+    assert "Traceback" not in errors
+    assert "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT='abc' is not a non-negative integer" in errors
+    assert "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT='-1' is not a non-negative integer" in errors
+    assert "OTEL_PROPAGATORS names 'no-such-propagator', not an installed propagator" in errors
+    assert "propagating with b3" in errors
