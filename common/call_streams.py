@@ -35,7 +35,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -445,7 +445,9 @@ class StreamedMethod(Generic[Request, Response]):
     def streamed(self) -> bool:
         return self._stream is not None and self._clock() >= self._unary_until
 
-    async def __call__(self, request: Request, timeout_s: float) -> Response:
+    async def __call__(self, request: Request, timeout_s: float,
+                       metadata: Sequence[tuple[str, str]] | None = None) -> Response:
+        """`metadata` goes with a unary call only (a stream's call carries its trace context in its message)."""
         if self.streamed:
             assert self._stream is not None
             try:
@@ -455,7 +457,7 @@ class StreamedMethod(Generic[Request, Response]):
                     raise
                 self._unary_until = self._clock() + UNARY_RETRY_S
         try:
-            return await self._unary(request, timeout=timeout_s)
+            return await self._unary(request, timeout=timeout_s, metadata=metadata)
         except grpc.aio.AioRpcError as error:
             raise CallFailed(error.code(), error.details() or error.code().name) from None
 

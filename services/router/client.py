@@ -16,7 +16,9 @@ Replies are the bear.v1 messages (`RouteDecision`, `OutcomeAck`). Every call has
 and per call, at most MAX_TIMEOUT_S). Arguments that cannot make a request (both or neither of prompt and
 prompt_tokens, a count or a time that is no number, a string as allowed_models, a deadline <= 0) raise ValueError
 before any call. The client's channel reconnects within about a second of a router coming back (gRPC's own back-off
-grows to two minutes). Errors:
+grows to two minutes). The caller's OpenTelemetry context goes with every call, so that the router's decision span
+is in the caller's trace: in the call's message over the stream, as gRPC metadata on a unary call over the client's
+own channel (a channel given to the client carries what its interceptors add). Errors:
 
     InvalidRequest      the router refused the request (INVALID_ARGUMENT, or RESOURCE_EXHAUSTED: a request larger
                         than the router takes); the message names the field
@@ -37,6 +39,8 @@ from collections.abc import Iterable, Sequence
 from types import TracebackType
 
 import grpc
+
+from opentelemetry import propagate
 
 from bear.common.call_streams import CallFailed, CallStream, StreamedMethod
 from bear.v1 import router_pb2, router_pb2_grpc
@@ -202,7 +206,8 @@ class RouterClient:
         if self._closed:
             raise _closed()
         try:
-            return self._stub.Route(request, timeout=deadline_s(timeout_s, self._timeout_s))
+            return self._stub.Route(request, timeout=deadline_s(timeout_s, self._timeout_s),
+                                    metadata=self._trace_context())
         except grpc.RpcError as error:
             if self._closed:  # closed by another thread while the call was in flight
                 raise _closed() from None
@@ -218,7 +223,8 @@ class RouterClient:
         if self._closed:
             raise _closed()
         try:
-            return self._stub.ReportOutcome(report, timeout=deadline_s(timeout_s, self._timeout_s))
+            return self._stub.ReportOutcome(report, timeout=deadline_s(timeout_s, self._timeout_s),
+                                            metadata=self._trace_context())
         except grpc.RpcError as error:
             if self._closed:
                 raise _closed() from None
@@ -232,6 +238,9 @@ class RouterClient:
         self._closed = True
         if self._own:
             self._channel.close()
+
+    def _trace_context(self) -> tuple[tuple[str, str], ...] | None:
+        return _trace_context() if self._own else None
 
     def __enter__(self) -> RouterClient:
         return self
@@ -274,9 +283,10 @@ class AsyncRouterClient:
         deadline = deadline_s(timeout_s, self._timeout_s)
         self._check_usable()
         try:
+            metadata = _trace_context() if self._own else None
             if request.ByteSize() > STREAMED_REQUEST_BYTES:
-                return await self._stub.Route(request, timeout=deadline)
-            return await self._route(request, deadline)
+                return await self._stub.Route(request, timeout=deadline, metadata=metadata)
+            return await self._route(request, deadline, metadata)
         except (CallFailed, grpc.RpcError) as error:
             if self._is_closed:  # the stream of calls, or the channel, ended by close()
                 raise _closed() from None
@@ -292,7 +302,8 @@ class AsyncRouterClient:
         deadline = deadline_s(timeout_s, self._timeout_s)
         self._check_usable()
         try:
-            return await self._stub.ReportOutcome(report, timeout=deadline)
+            return await self._stub.ReportOutcome(report, timeout=deadline,
+                                                  metadata=_trace_context() if self._own else None)
         except grpc.RpcError as error:
             if self._is_closed:
                 raise _closed() from None
@@ -328,3 +339,13 @@ class AsyncRouterClient:
     async def __aexit__(self, kind: type[BaseException] | None, value: BaseException | None,
                         traceback: TracebackType | None) -> None:
         await self.close()
+
+
+def _trace_context() -> tuple[tuple[str, str], ...] | None:
+    """The caller's trace context (W3C `traceparent` by default) as a unary call's metadata, so that the decision's
+    span is a child of the caller's, as over the stream of calls (QA: a prompt sent unary, over 256 KiB or with
+    `streamed=False`, started a trace of its own). Only on the client's own channel: a channel given to the client
+    carries what its own interceptors add."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return tuple(carrier.items()) or None

@@ -392,6 +392,39 @@ def test_each_decision_is_a_span_with_its_candidates_and_the_context_reaches_the
         assert seen["traceparent"].split("-")[1] == format(trace_id, "032x")
 
 
+def test_the_callers_trace_holds_the_decision_whichever_way_the_client_calls(stack: RouterStack) -> None:
+    """Over the stream of calls, unary (`streamed=False`), unary for a prompt over the stream's limit, and from the
+    blocking client: the decision's span is in the caller's trace. (QA: the unary calls started a trace of their own.)"""
+    import asyncio
+
+    from opentelemetry import trace
+
+    from bear.router.client import STREAMED_REQUEST_BYTES, AsyncRouterClient, RouterClient
+
+    exporter = span_exporter()
+    exporter.clear()
+    tracer = trace.get_tracer("application")
+    long_prompt = "word " * (STREAMED_REQUEST_BYTES // 5 + 1000)
+
+    async def calls() -> dict[str, int]:
+        traces = {}
+        for streamed in (True, False):
+            async with AsyncRouterClient(stack.address, timeout_s=10.0, streamed=streamed) as client:
+                for name, prompt in (("short", "Summarize the report."), ("long", long_prompt)):
+                    with tracer.start_as_current_span(f"app-{streamed}-{name}") as span:
+                        await client.route(prompt, ttft_slo_ms=5000.0, request_id=f"ctx-{streamed}-{name}")
+                        traces[f"ctx-{streamed}-{name}"] = span.get_span_context().trace_id
+        return traces
+
+    traces = asyncio.run(calls())
+    with RouterClient(stack.address, timeout_s=10.0) as blocking, tracer.start_as_current_span("app-blocking") as span:
+        blocking.route("Summarize the report.", ttft_slo_ms=5000.0, request_id="ctx-blocking")
+        traces["ctx-blocking"] = span.get_span_context().trace_id
+    routes = {s.attributes["bear.request_id"]: s for s in exporter.get_finished_spans() if s.name == "bear.route"}
+    for request_id, trace_id in traces.items():
+        assert routes[request_id].context.trace_id == trace_id, request_id
+
+
 def test_metrics_are_scraped_over_http(stack: RouterStack) -> None:
     server, thread = start_http_server(0, addr="127.0.0.1", registry=stack.registry)
     try:
