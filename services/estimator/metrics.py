@@ -4,7 +4,10 @@
     bear_estimator_estimates_total{method}     counter: instance estimates by method (replay, lps, none)
     bear_estimator_errors_total{code}          counter: Estimate calls answered with an error status
     bear_estimator_caller_dispatches_total     counter: dispatches first learnt from an Estimate call (before Redis)
-    bear_estimator_snapshot_age_seconds{instance}  gauge: age of each instance's snapshot (now − taken or read at)
+    bear_estimator_snapshot_age_seconds{instance}  gauge: age of each instance's snapshot (now − taken or read at);
+                                               an instance withdrawn from Redis keeps its series, its age growing,
+                                               until it is forgotten (BEAR_ESTIMATOR_FORGET_AFTER_S, 60 s: a Redis
+                                               that restarts empty must not make the estimator forget its pool)
     bear_estimator_feed_*                      counters and gauges of the Redis feed and of the remaining lengths
 """
 
