@@ -167,6 +167,10 @@ SCHEMA_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
     "sampler-ratio-not-a-number": ({"otel": {"samplerArg": "abc"}}, "samplerArg"),
     "sampler-ratio-above-1": ({"otel": {"samplerArg": 2}}, "samplerArg"),
     "digest-in-the-repository": ({"image": {"repository": f"ghcr.io/acme/bear@{DIGEST_A}"}}, "/image/repository"),
+    # (QA: REGISTRY/bear:0.1.0 rendered REGISTRY/bear:0.1.0:0.1.0, an image no kubelet pulls)
+    "tag-in-the-repository": ({"image": {"repository": "registry.example.com/bear:0.1.0"}}, "/image/repository"),
+    "tag-in-the-vllm-repository": ({"vllm": {"image": {"repository": "registry.example.com:5000/vllm-bear:0.1"}}},
+                                   "/vllm/image/repository"),
     "digest-in-the-tag": ({"image": {"tag": f"0.1.0@{DIGEST_A}"}}, "/image/tag"),
     "digest-not-sha256": ({"vllm": {"image": {"digest": "latest"}}}, "/vllm/image/digest"),
     "redis-url-without-a-host": ({"redis": {"enabled": False, "url": "redis://"}}, "/redis/url"),
@@ -245,6 +249,14 @@ TEMPLATE_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
         "enabled": False, "existingSecret": "redis-ca"}}}, "BEAR talks plain TCP to redis://redis.data:6380/0"),
     "role-bound-to-the-default-account": ({"serviceAccount": {"create": False}},
                                           "with serviceAccount.create=false, set serviceAccount.name"),
+    # (QA: the name written out passed the check above; created, it clashed with the namespace's own account)
+    "role-bound-to-the-default-account-by-name": ({"serviceAccount": {"create": False, "name": "default"}},
+                                                  "rbac.create would let the namespace's default service account"),
+    "the-default-account-created": ({"serviceAccount": {"create": True, "name": "default"}},
+                                    "serviceAccount.name: default names the namespace's own service account"),
+    # (QA: ignored without a word with the bundled Redis)
+    "tls-secret-with-the-bundled-redis": ({"redis": {"tls": {"existingSecret": "bear-redis-tls"}}},
+                                          "redis.tls applies to an external Redis"),
     "extra-args-served-model-name": ({"vllm": {"extraArgs": ["--served-model-name", "foo"]}},
                                      "vllm.extraArgs: --served-model-name is a flag the chart sets for pools["),
     "extra-args-port": ({"vllm": {"extraArgs": ["--port=9000"]}}, "vllm.extraArgs: --port=9000 is a flag"),
@@ -830,8 +842,26 @@ def test_autoscaling_replaces_fixed_replicas_and_traces_go_to_the_collector(repo
     predictor = container(component(report, "Deployment", "predictor"), "predictor")
     (artifact,) = [m for m in predictor["volumeMounts"] if m["mountPath"] == "/var/lib/bear/predictor"]
     assert artifact["subPath"] == "predictor/v3" and artifact["readOnly"] is True
-    assert component(report, "Service", "router")["spec"]["type"] == "LoadBalancer"
+    router_service = component(report, "Service", "router")
+    assert router_service["spec"]["type"] == "LoadBalancer"
+    # /metrics stays inside the cluster (QA: the balancer published it too)
+    assert [p["name"] for p in router_service["spec"]["ports"]] == ["grpc"]
+    assert [p["name"] for p in component(reports["default"], "Service", "router")["spec"]["ports"]] == [
+        "grpc", "metrics"]
     assert "volumeClaimTemplates" in component(report, "StatefulSet", "redis")["spec"]
+
+
+@pytest.mark.parametrize("case", ["default", "paper+production"])
+def test_a_new_chart_version_rolls_no_pod_whose_spec_it_does_not_change(reports: dict[str, Any], case: str) -> None:
+    """Pod templates carry no label that changes with the chart or its appVersion (QA: every upgrade rolled every
+    vLLM pod, reloading its weights, and the bundled Redis, for a changed helm.sh/chart label alone)."""
+    workloads = [o for o in objects(reports[case]) if o["kind"] in ("Deployment", "StatefulSet")]
+    assert len(workloads) >= 5
+    for workload in workloads:
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        assert "helm.sh/chart" not in labels and "app.kubernetes.io/version" not in labels, workload["metadata"]
+        assert labels.items() >= workload["spec"]["selector"]["matchLabels"].items()
+        assert "helm.sh/chart" in workload["metadata"]["labels"]  # the objects themselves keep them
 
 
 def test_an_external_redis_gets_its_password_from_a_secret_and_tls_files_mounted(reports: dict[str, Any]) -> None:

@@ -61,15 +61,31 @@ app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .root.Release.Service | quote }}
 {{- end -}}
 
+{{/* Labels of a pod template: the selector's and those that never change with the chart, so that an upgrade that
+changes nothing of a pod (a new chart version, an appVersion with the images pinned) does not roll it; a vLLM pod's
+restart reloads its weights. helm.sh/chart and app.kubernetes.io/version stay on the objects themselves:
+(dict "root" $ "component" "router") */}}
+{{- define "bear.podLabels" -}}
+{{ include "bear.selectorLabels" . }}
+app.kubernetes.io/part-of: bear
+app.kubernetes.io/managed-by: {{ .root.Release.Service | quote }}
+{{- end -}}
+
 {{/* The labels that select a pool's pods (also written into the pools file for discovery). */}}
 {{- define "bear.poolSelectorLabels" -}}
 {{ include "bear.selectorLabels" (dict "root" .root "component" "engine") }}
 bear.dev/pool: {{ .pool.name | quote }}
 {{- end -}}
 
-{{/* Labels of a pool's objects (Deployment, pods, PodDisruptionBudget): (dict "root" $ "pool" $pool) */}}
+{{/* Labels of a pool's objects (Deployment, PodDisruptionBudget): (dict "root" $ "pool" $pool) */}}
 {{- define "bear.poolLabels" -}}
 {{ include "bear.labels" (dict "root" .root "component" "engine") }}
+bear.dev/pool: {{ .pool.name | quote }}
+{{- end -}}
+
+{{/* Labels of a pool's pods (see bear.podLabels): (dict "root" $ "pool" $pool) */}}
+{{- define "bear.poolPodLabels" -}}
+{{ include "bear.podLabels" (dict "root" .root "component" "engine") }}
 bear.dev/pool: {{ .pool.name | quote }}
 {{- end -}}
 
@@ -337,6 +353,13 @@ whose vLLM metrics are to be scraped instead). (dict "root" $ "port" 9464 "extra
 {{- if and .Values.rbac.create (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) -}}
 {{- fail "rbac.create would let the namespace's default service account, which every pod without one uses, read pods: with serviceAccount.create=false, set serviceAccount.name to the account the router and the estimator run as" -}}
 {{- end -}}
+{{- if eq (toString .Values.serviceAccount.name) "default" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- fail "serviceAccount.name: default names the namespace's own service account, which exists already and which every pod without one uses: name the account the chart creates otherwise (or leave the name empty)" -}}
+{{- else if .Values.rbac.create -}}
+{{- fail "rbac.create would let the namespace's default service account, which every pod without one uses, read pods: set serviceAccount.name to an account of the router and the estimator's own" -}}
+{{- end -}}
+{{- end -}}
 {{- include "bear.validateSnapshotAge" . -}}
 {{- include "bear.validateEngineEnv" . -}}
 {{- $pipelineParallel := int (include "bear.pipelineParallelSize" .Values.vllm.extraArgs) -}}
@@ -392,8 +415,8 @@ whose vLLM metrics are to be scraped instead). (dict "root" $ "port" 9464 "extra
 {{- define "bear.validateRedis" -}}
 {{- $redis := .Values.redis -}}
 {{- $tls := $redis.tls -}}
-{{- if and $redis.enabled $tls.enabled -}}
-{{- fail "redis.tls applies to an external Redis: set redis.enabled=false and redis.url" -}}
+{{- if and $redis.enabled (or $tls.enabled $tls.existingSecret) -}}
+{{- fail "redis.tls applies to an external Redis: set redis.enabled=false and redis.url (or leave redis.tls.enabled false and redis.tls.existingSecret empty with the bundled Redis)" -}}
 {{- end -}}
 {{- if and $redis.enabled $redis.url -}}
 {{- fail "redis.url is set, but redis.enabled=true deploys the bundled Redis and BEAR would use that instead: set redis.enabled=false to use redis.url, or leave redis.url empty" -}}
