@@ -9,7 +9,8 @@ as in the environment; YAML 1.1 would read octal, booleans, sexagesimal numbers)
     estimator_metrics_port: off
 
 `layered_environ` merges the three sources into one mapping of environment strings, which the service's config then
-parses once (its `from_environ`), so that a value means the same wherever it was given. An empty (or blank)
+parses once (its `from_environ`, through `load_layered`), so that a value means the same wherever it was given; an
+error names the setting's variable and, where a flag or the file gave it, that flag or key. An empty (or blank)
 environment variable counts as unset: the file's value, else the default, applies. A key the file should not have (a
 typo, another service's setting) is an error that names it. Standard library and PyYAML only.
 """
@@ -17,12 +18,15 @@ typo, another service's setting) is an error that names it. Standard library and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Any, TypeVar
 
 PREFIX = "BEAR_"
+T = TypeVar("T")
 
 
 class ConfigFileError(ValueError):
@@ -59,11 +63,58 @@ def layered_environ(environ: Mapping[str, str], config_file: str | Path | None, 
     """The file's settings, overridden by the environment's (an empty or blank variable: unset), overridden by the
     flags given (None: not given); `flags` and the file are keyed by environment variable and by file key
     respectively, both among `known`."""
+    return _layers(environ, config_file, flags, known)[0]
+
+
+def load_layered(parse: Callable[[Mapping[str, str]], T], environ: Mapping[str, str], config_file: str | Path | None,
+                 flags: Mapping[str, object], known: Iterable[str], flag_table: Mapping[str, tuple[Any, ...]]) -> T:
+    """`parse(layered_environ(...))`, where a ValueError's message, which names settings by their environment
+    variables, also says where those given by a flag or in the file were given (`flag_table`: flag → (variable,
+    ...))."""
+    merged, sources = _layers(environ, config_file, flags, known)
+    flag_of = {entry[0]: flag for flag, entry in flag_table.items()}
+    sources = {name: flag_of.get(name, source) if source == "flag" else source for name, source in sources.items()}
+    with given_as(sources):
+        return parse(merged)
+
+
+@contextlib.contextmanager
+def given_as(sources: Mapping[str, str]) -> Iterator[None]:
+    """Adds to a ValueError raised inside (a plain one: a subclass keeps its own message) where the settings its
+    message names were given, for those of `sources` (environment variable → e.g. "--grpc-port"): a user who typed
+    a flag finds it named, not only its variable."""
+    try:
+        yield
+    except ValueError as error:
+        if type(error) is not ValueError:
+            raise
+        message = str(error)
+        named = [(name, source) for name, source in sources.items()
+                 if re.search(rf"\b{name}\b", message) and source not in message]  # not said already
+        if not named:
+            raise
+        if len(named) == 1:
+            where = f"given as {named[0][1]}"
+        else:
+            where = "; ".join(f"{name} given as {source}" for name, source in named)
+        raise ValueError(f"{error} ({where})") from None
+
+
+def _layers(environ: Mapping[str, str], config_file: str | Path | None, flags: Mapping[str, object],
+            known: Iterable[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The merged settings, and where those not from the environment came from ("flag", or the file's key)."""
     known = set(known)
     merged = dict(read_config_file(Path(config_file), known)) if config_file else {}
-    merged.update({name: value for name, value in environ.items() if value.strip()})
-    merged.update({name: _text(value) for name, value in flags.items() if value is not None})
-    return merged
+    sources = {name: f"{name.removeprefix(PREFIX).lower()} in config file {config_file}" for name in merged}
+    for name, value in environ.items():
+        if value.strip():
+            merged[name] = value
+            sources.pop(name, None)
+    for name, value in flags.items():
+        if value is not None:
+            merged[name] = _text(value)
+            sources[name] = "flag"
+    return merged, sources
 
 
 def read_config_file(path: Path, known: set[str]) -> dict[str, str]:

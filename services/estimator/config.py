@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bear.common.config_sources import (env_float, env_int, env_optional_port, grpc_target_problem, layered_environ,
+from bear.common.config_sources import (env_float, env_int, env_optional_port, grpc_target_problem, load_layered,
                                         shutdown_grace_problem)
 from bear.common.redis_config import ENVIRONMENT as REDIS_ENVIRONMENT
 from bear.common.redis_config import RedisConfig
@@ -76,9 +76,10 @@ class EstimatorConfig:
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
 
     def __post_init__(self) -> None:
-        _require(0 <= self.grpc_port < 65536, "BEAR_ESTIMATOR_GRPC_PORT must be a port number")
+        _require(0 <= self.grpc_port < 65536,
+                 f"BEAR_ESTIMATOR_GRPC_PORT must be a port number (0-65535), got {self.grpc_port}")
         _require(self.metrics_port is None or 0 <= self.metrics_port < 65536,
-                 "BEAR_ESTIMATOR_METRICS_PORT must be a port number or off")
+                 f"BEAR_ESTIMATOR_METRICS_PORT must be a port number (0-65535) or off, got {self.metrics_port}")
         # Finite bounds where a value beyond them is a typo with a cost: a resync every microsecond kept an idle
         # estimator busy with 7,000 Redis commands a second; an infinite limit never applies.
         for name, value, low, high, unit in (
@@ -130,7 +131,7 @@ class EstimatorConfig:
 def load(flags: Mapping[str, object], config_file: str | None = None,
          environ: Mapping[str, str] = os.environ) -> EstimatorConfig:
     """The settings from the flags given (by environment variable; None: not given), the environment and the file."""
-    return EstimatorConfig.from_environ(layered_environ(environ, config_file, flags, ENVIRONMENT))
+    return load_layered(EstimatorConfig.from_environ, environ, config_file, flags, ENVIRONMENT, FLAGS)
 
 
 def _require(ok: bool, message: str) -> None:

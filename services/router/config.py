@@ -56,7 +56,7 @@ from bear.common.config_sources import (
     env_int,
     env_optional_port,
     grpc_target_problem,
-    layered_environ,
+    load_layered,
     shutdown_grace_problem,
 )
 from bear.common.redis_config import ENVIRONMENT as REDIS_ENVIRONMENT
@@ -127,9 +127,10 @@ class RouterConfig:
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
 
     def __post_init__(self) -> None:
-        _require(0 <= self.grpc_port < 65536, "BEAR_ROUTER_GRPC_PORT must be a port number")
+        _require(0 <= self.grpc_port < 65536,
+                 f"BEAR_ROUTER_GRPC_PORT must be a port number (0-65535), got {self.grpc_port}")
         _require(self.metrics_port is None or 0 <= self.metrics_port < 65536,
-                 "BEAR_ROUTER_METRICS_PORT must be a port number or off")
+                 f"BEAR_ROUTER_METRICS_PORT must be a port number (0-65535) or off, got {self.metrics_port}")
         for name, target in (("BEAR_ESTIMATOR_ADDRESS", self.estimator_address),
                              ("BEAR_PREDICTOR_ADDRESS", self.predictor_address)):
             problem = grpc_target_problem(name, target)
@@ -210,7 +211,7 @@ class RouterConfig:
 def load(flags: Mapping[str, object], config_file: str | None = None,
          environ: Mapping[str, str] = os.environ) -> RouterConfig:
     """The settings from the flags given (by environment variable; None: not given), the environment and the file."""
-    return RouterConfig.from_environ(layered_environ(environ, config_file, flags, ENVIRONMENT))
+    return load_layered(RouterConfig.from_environ, environ, config_file, flags, ENVIRONMENT, FLAGS)
 
 
 def _policy_params(text: str) -> dict[str, dict[str, Any]]:

@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Mapping
 
-from bear.common.config_sources import given_value
+from bear.common.config_sources import given_as, given_value
 from bear.snapshotter.config import SnapshotterConfig
 
 _FLAGS = {  # flag → (environment variable, type, help); a text flag given empty is refused (given_value)
@@ -55,8 +55,11 @@ def config_from(args: argparse.Namespace, environ: Mapping[str, str] | None = No
     """The environment's settings with the flags given in their place (a flag overrides its variable before anything
     is parsed: a good flag is not refused for a bad variable it replaces)."""
     merged = dict(os.environ if environ is None else environ)
+    given: dict[str, str] = {}
     for flag, (name, _, _) in _FLAGS.items():
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is not None:
             merged[name] = str(value)
-    return SnapshotterConfig.from_environ(merged)
+            given[name] = flag
+    with given_as(given):
+        return SnapshotterConfig.from_environ(merged)

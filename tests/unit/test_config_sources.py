@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bear.common.config_sources import (ConfigFileError, add_flags, env_bool, env_optional_port, flag_values,
-                                        layered_environ)
+from bear.common.config_sources import (ConfigFileError, add_flags, env_bool, env_int, env_optional_port,
+                                        flag_values, given_as, layered_environ, load_layered)
 
 KNOWN = ("BEAR_A_S", "BEAR_FLAG", "BEAR_PORT")
 
@@ -152,3 +152,44 @@ def test_every_service_refuses_a_shutdown_grace_that_would_hold_a_sigterm_for_ev
     load = importlib.import_module(f"bear.{service}.config").load
     with pytest.raises(ValueError, match=r"BEAR_SHUTDOWN_GRACE_S must be in \[0, 3600\] seconds"):
         load({}, environ={"BEAR_SHUTDOWN_GRACE_S": grace, "BEAR_PREDICTOR_MODEL_DIR": "/"})
+
+
+FLAG_TABLE = {"--port": ("BEAR_PORT", "the port"), "--a-s": ("BEAR_A_S", "a time")}
+
+
+def _parse(environ: object) -> tuple[int, int]:
+    assert isinstance(environ, dict)
+    port, a_s = env_int(environ, "BEAR_PORT", 1), env_int(environ, "BEAR_A_S", 1)
+    if port > 65535:
+        raise ValueError(f"BEAR_PORT must be a port number, got {port}")
+    return port, a_s
+
+
+@pytest.mark.parametrize(("environ", "text", "flags", "message"), [
+    ({}, "", {"BEAR_PORT": "x"}, r"^BEAR_PORT must be an integer, got 'x' \(given as --port\)$"),
+    ({}, "port: 70000\n", {}, r"^BEAR_PORT must be a port number, got 70000 \(given as port in config file .*$"),
+    ({"BEAR_PORT": "x"}, "port: 80\n", {}, r"^BEAR_PORT must be an integer, got 'x'$"),  # the environment: named
+    ({"BEAR_PORT": "80"}, "", {"BEAR_A_S": "y"}, r"^BEAR_A_S must be an integer, got 'y' \(given as --a-s\)$"),
+])
+def test_an_error_says_which_flag_or_file_key_gave_the_setting(tmp_path: Path, environ: dict[str, str], text: str,
+                                                               flags: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        load_layered(_parse, environ, write(tmp_path, text) if text else None, flags, KNOWN, FLAG_TABLE)
+    assert load_layered(_parse, {"BEAR_PORT": "80"}, None, {"BEAR_A_S": 3}, KNOWN, FLAG_TABLE) == (80, 3)
+
+
+def test_given_as_names_several_settings_once_each_and_leaves_other_errors_alone() -> None:
+    sources = {"BEAR_PORT": "--port", "BEAR_A_S": "a_s in config file f.yaml"}
+    with pytest.raises(ValueError, match=r"^BEAR_A_S > BEAR_PORT \(BEAR_PORT given as --port; BEAR_A_S given as "
+                                         r"a_s in config file f.yaml\)$"):
+        with given_as(sources):
+            raise ValueError("BEAR_A_S > BEAR_PORT")
+    with pytest.raises(ValueError, match=r"^BEAR_PORT \(--port\) is wrong$"):  # the flag named already
+        with given_as(sources):
+            raise ValueError("BEAR_PORT (--port) is wrong")
+    with pytest.raises(ValueError, match=r"^BEAR_PORTS is wrong$"):  # another setting's name
+        with given_as(sources):
+            raise ValueError("BEAR_PORTS is wrong")
+    with pytest.raises(ConfigFileError, match=r"^BEAR_PORT in a subclass$"):  # its own message kept
+        with given_as(sources):
+            raise ConfigFileError("BEAR_PORT in a subclass")
