@@ -407,6 +407,7 @@ def _publish_snapshots(redis_url: str, replicas: int) -> int:
     import redis
 
     from bear.common import redis_keys
+    from bear.common.service import set_on_signals
     from bear.v1 import calibration_pb2, snapshot_pb2
 
     client = redis.Redis.from_url(redis_url)
@@ -428,7 +429,7 @@ def _publish_snapshots(redis_url: str, replicas: int) -> int:
                 intercept_s=0.004, per_token_s=2e-5, per_decode_context_token_s=1e-8,
                 per_prefill_attention_token_s=1e-9, num_samples=500, mape=0.05, prefill_tokens_per_s=40_000)))
     stopped = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stopped.set())
+    set_on_signals(stopped, (signal.SIGTERM,))
 
     def register() -> None:  # as a sidecar's heartbeat does: a registration older than the window is dropped
         now = time.time()

@@ -309,6 +309,18 @@ def announce(grpc_port: int, metrics_port: int | None) -> None:
     print(f"grpc_port={grpc_port} metrics_port={'' if metrics_port is None else metrics_port}", flush=True)
 
 
+def set_on_signals(event: threading.Event, signums: Iterable[int] = (signal.SIGTERM, signal.SIGINT)) -> None:
+    """Sets `event` when one of `signums` arrives (call from the main thread, for a blocking main loop). Not from the
+    handler itself: a handler runs in the main thread between two bytecodes, and if that thread is then inside the
+    locked part of `event.wait()`, `event.set()` waits for a lock its own thread holds, for good (a sidecar polling its
+    region with `wait` ignored SIGTERM until killed). A thread of its own sets it once the main thread lets go."""
+    def handler(signum: int, frame: object) -> None:
+        threading.Thread(target=event.set, name="bear-signal", daemon=True).start()
+
+    for signum in signums:
+        signal.signal(signum, handler)
+
+
 def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
     """Runs a service's main coroutine on uvloop where it is installed (about 30% less time per call here), else on
     asyncio's default loop, then shuts tracing down (shutdown_tracing). A server that cannot start ends the process:

@@ -12,7 +12,7 @@ from typing import Any
 from grpc_health.v1 import health
 
 from bear.common.redis_config import connect
-from bear.common.service import ServiceStartError
+from bear.common.service import ServiceStartError, set_on_signals
 from bear.snapshotter.calibration import OnlineCalibrator
 from bear.snapshotter.config import SnapshotterConfig
 from bear.snapshotter.engine_health import EngineHealthProbe
@@ -32,8 +32,7 @@ def run(config: SnapshotterConfig, stop: threading.Event | None = None,
     gRPC port and the /metrics port (None: not served) once the servers listen."""
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: stop.set())
+        set_on_signals(stop, (signal.SIGTERM, signal.SIGINT))
     path = region_path(config.region)
     if os.path.isdir(path):  # a missing region is waited for (the engine creates it); a folder never becomes one
         raise ServiceStartError(f"bear snapshotter: --region {config.region}: {path} is a folder, not the engine's "
