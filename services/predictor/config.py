@@ -20,7 +20,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from bear.common.config_sources import env_float, env_int, env_optional_port, load_layered, shutdown_grace_problem
+from bear.common.config_sources import (env_float, env_int, env_optional_port, load_layered, port_problem,
+                                        shutdown_grace_problem)
 
 MAX_PROMPT_CHARS_LIMIT = 64 * 1024 * 1024
 ENVIRONMENT = (
@@ -49,10 +50,9 @@ class PredictorServiceConfig:
 
     def __post_init__(self) -> None:
         _require(bool(self.model_dir), "BEAR_PREDICTOR_MODEL_DIR (--model-dir) is required: the artifact to serve")
-        _require(0 <= self.grpc_port < 65536,
-                 f"BEAR_PREDICTOR_GRPC_PORT must be a port number (0-65535), got {self.grpc_port}")
-        _require(self.metrics_port is None or 0 <= self.metrics_port < 65536,
-                 f"BEAR_PREDICTOR_METRICS_PORT must be a port number (0-65535) or off, got {self.metrics_port}")
+        for problem in (port_problem("BEAR_PREDICTOR_GRPC_PORT", self.grpc_port),
+                        port_problem("BEAR_PREDICTOR_METRICS_PORT", self.metrics_port, off_allowed=True)):
+            _require(problem is None, problem or "")
         _require(self.workers >= 1, "BEAR_PREDICTOR_WORKERS must be >= 1")
         _require(1 <= self.max_prompt_chars <= MAX_PROMPT_CHARS_LIMIT,
                  f"BEAR_PREDICTOR_MAX_PROMPT_CHARS must be in [1, {MAX_PROMPT_CHARS_LIMIT}] "

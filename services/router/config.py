@@ -57,6 +57,7 @@ from bear.common.config_sources import (
     env_optional_port,
     grpc_target_problem,
     load_layered,
+    port_problem,
     shutdown_grace_problem,
 )
 from bear.common.redis_config import ENVIRONMENT as REDIS_ENVIRONMENT
@@ -127,10 +128,9 @@ class RouterConfig:
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
 
     def __post_init__(self) -> None:
-        _require(0 <= self.grpc_port < 65536,
-                 f"BEAR_ROUTER_GRPC_PORT must be a port number (0-65535), got {self.grpc_port}")
-        _require(self.metrics_port is None or 0 <= self.metrics_port < 65536,
-                 f"BEAR_ROUTER_METRICS_PORT must be a port number (0-65535) or off, got {self.metrics_port}")
+        for problem in (port_problem("BEAR_ROUTER_GRPC_PORT", self.grpc_port),
+                        port_problem("BEAR_ROUTER_METRICS_PORT", self.metrics_port, off_allowed=True)):
+            _require(problem is None, problem or "")
         for name, target in (("BEAR_ESTIMATOR_ADDRESS", self.estimator_address),
                              ("BEAR_PREDICTOR_ADDRESS", self.predictor_address)):
             problem = grpc_target_problem(name, target)

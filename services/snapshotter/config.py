@@ -14,7 +14,7 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from bear.common.config_sources import grpc_target_problem, is_utf8
+from bear.common.config_sources import grpc_target_problem, is_utf8, port_problem
 from bear.common.prices import PRICE_RANGE, price_ok
 from bear.common.redis_config import RedisConfig
 
@@ -119,13 +119,13 @@ class SnapshotterConfig:
         _require(0 < poll_interval_ms <= MAX_POLL_INTERVAL_MS,  # comparisons: also refuse nan
                  f"BEAR_SNAPSHOTTER_POLL_INTERVAL_MS (--poll-interval-ms) must be > 0 and at most "
                  f"{MAX_POLL_INTERVAL_MS:g}, got {poll_interval_ms:g}")
-        _require(0 <= self.grpc_port < 65536,
-                 f"BEAR_SNAPSHOTTER_GRPC_PORT must be a port number (0-65535), got {self.grpc_port}")
+        problem = port_problem("BEAR_SNAPSHOTTER_GRPC_PORT", self.grpc_port)
+        _require(problem is None, problem or "")
         problem = grpc_target_problem("BEAR_SNAPSHOTTER_ENDPOINT", self.advertised_endpoint) \
             if self.advertised_endpoint else None
         _require(problem is None, problem or "")
-        _require(self.metrics_port is None or 0 <= self.metrics_port < 65536,
-                 f"BEAR_SNAPSHOTTER_METRICS_PORT must be a port number (0-65535) or off, got {self.metrics_port}")
+        problem = port_problem("BEAR_SNAPSHOTTER_METRICS_PORT", self.metrics_port, off_allowed=True)
+        _require(problem is None, problem or "")
         _require(1 <= self.snapshot_ttl_s <= MAX_SNAPSHOT_TTL_S,
                  f"BEAR_SNAPSHOT_TTL_S must be in [1, {MAX_SNAPSHOT_TTL_S:g}] (seconds), got {self.snapshot_ttl_s:g}")
         _require(MIN_REFRESH_S <= self.refresh_s < self.snapshot_ttl_s,
