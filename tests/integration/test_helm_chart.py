@@ -79,6 +79,11 @@ GOOD_CASES: dict[str, tuple[list[str], dict[str, Any]]] = {
                   "persistence": {"enabled": True, "storageClassName": "1.10"}},
         "predictor": {"artifact": {"source": "persistentVolumeClaim",
                                    "persistentVolumeClaim": {"claimName": "007", "subPath": "1.10"}}}}),
+    "engine-callers-and-scrapers": ([], {"networkPolicy": {
+        "engineFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}}}],
+        "metricsFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]}}),
+    "engine-callers-only": ([], {"networkPolicy": {
+        "engineFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}}}]}}),
     "scrape-annotations-overridden": ([], {"vllm": {"podAnnotations": {"prometheus.io/port": "8000"}}}),
     "ipv6-pods": ([str(EXAMPLES / "paper-pools.yaml")], {"podIPFamily": "IPv6"}),
     "images-pinned-by-digest": ([], {"image": {"digest": DIGEST_A}, "vllm": {"image": {"digest": DIGEST_B}},
@@ -825,6 +830,20 @@ def test_network_policies_admit_only_the_callers_of_each_port(reports: dict[str,
     assert callers("router", 50051) is None and callers("engine", 8000) is None
     redis_peers = policies["redis"]["spec"]["ingress"][0]["from"][0]["podSelector"]["matchExpressions"]
     assert {"key": "app.kubernetes.io/instance", "operator": "In", "values": [RELEASE]} in redis_peers
+
+
+@pytest.mark.parametrize(("case", "admitted"), [("engine-callers-and-scrapers", ["apps", "monitoring"]),
+                                               ("engine-callers-only", ["apps"])])
+def test_vllms_port_admits_its_callers_and_the_scrapers_of_its_metrics(reports: dict[str, Any], case: str,
+                                                                       admitted: list[str]) -> None:
+    """vLLM serves /metrics on its inference port: restricted to engineFrom, that port admits metricsFrom's scrapers
+    too (else Prometheus, admitted to every metrics port, could not scrape vLLM's), and not anyone when metricsFrom
+    is empty (that would open inference to anyone)."""
+    (policy,) = [p for p in of_kind(reports[case], "NetworkPolicy").values()
+                 if p["metadata"]["labels"]["app.kubernetes.io/component"] == "engine"]
+    (rule,) = [r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == 8000]
+    namespaces = [peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for peer in rule["from"]]
+    assert namespaces == admitted
 
 
 def test_autoscaling_replaces_fixed_replicas_and_traces_go_to_the_collector(reports: dict[str, Any]) -> None:
