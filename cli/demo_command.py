@@ -39,7 +39,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bear.demo.runner import DemoConfig, DemoInterrupted, check_policies, run_demo, write_json
+    from bear.demo.runner import DemoConfig, DemoInterrupted, check_policies, run_demo
 
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
     try:
@@ -63,17 +63,27 @@ def run(args: argparse.Namespace) -> int:
         return 1
     except DemoInterrupted as interrupted:  # its services and pool are stopped
         print(f"bear demo: {interrupted}", file=sys.stderr)
+        if interrupted.report is not None:  # the turns that finished
+            _write(interrupted.report, args.json)
         return 128 + interrupted.signum
     except KeyboardInterrupt:
         print("bear demo: interrupted", file=sys.stderr)
         return 128 + 2
-    if args.json is not None:
-        try:
-            write_json(report, args.json)
-        except OSError as error:
-            print(f"bear demo: --json {args.json}: {error.strerror or error}", file=sys.stderr)
-            return EXIT_BAD_INPUT
-    return 0
+    return 0 if _write(report, args.json) else EXIT_BAD_INPUT
+
+
+def _write(report: dict[str, object], path: Path | None) -> bool:
+    """Writes --json FILE, if given; False (said on stderr) if it could not."""
+    from bear.demo.runner import write_json
+
+    if path is None:
+        return True
+    try:
+        write_json(report, path)
+    except OSError as error:
+        print(f"bear demo: --json {path}: {error.strerror or error}", file=sys.stderr)
+        return False
+    return True
 
 
 def _run_folder_problem(folder: Path | None) -> str | None:

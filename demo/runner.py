@@ -58,12 +58,14 @@ MAX_QUERIES = 2_000_000  # rate × duration at most this (the planned queries ar
 
 
 class DemoInterrupted(BaseException):
-    """The run was ended by a signal (STOP_SIGNALS) after its services and pool were stopped. A BaseException, as
+    """The run was ended by a signal (STOP_SIGNALS, or Ctrl-C in the policies' turns) after its services and pool were
+    stopped; `report` holds the figures of the turns that finished before it, if any. A BaseException, as
     KeyboardInterrupt is: no `except Exception` on the way may swallow it."""
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, report: dict[str, Any] | None = None) -> None:
         super().__init__(f"stopped by {signal.Signals(signum).name}")
         self.signum = signum
+        self.report = report
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +107,9 @@ class DemoConfig:
 
 def run_demo(config: DemoConfig, out: TextIO = sys.stdout, status: TextIO = sys.stderr) -> dict[str, Any]:
     """Runs the demo; prints the results to `out` and progress to `status`; returns the results. Called from the main
-    thread, SIGTERM and SIGHUP stop the services and the pool, then raise DemoInterrupted."""
+    thread, SIGTERM and SIGHUP stop the services and the pool, then raise DemoInterrupted; so does Ctrl-C once the
+    turns have begun. An interrupted run prints the figures of the turns it finished, and its DemoInterrupted holds
+    them."""
     check_policies(config.policies)
     # The event loop is made before a signal can interrupt anything: one interrupted while asyncio builds it leaves a
     # half-made loop behind (a traceback at exit).
@@ -149,18 +153,33 @@ def _run_in(folder: Path, config: DemoConfig, runner: asyncio.Runner, stops: _St
         say.line("preparing the predictor (trained on the synthetic evaluation table; cached after the first run) …")
         artifact = predictor_artifact(config.seed)
         prompts = demo_prompts(config.seed, config.num_prompts)
-        results = _run_stack(config, artifact, prompts, folder, runner, stops, say)
-    report = {"policies": results, "rate_qps": config.rate_qps, "turn_s": config.turn_s, "seed": config.seed,
-              "duration_s": config.duration_s, "looseness": config.looseness}
+        results: dict[str, dict[str, object]] = {}  # each policy's, once its turn has finished
+        try:
+            _run_stack(config, artifact, prompts, folder, runner, stops, say, results)
+        except (DemoInterrupted, KeyboardInterrupt) as error:
+            signum = error.signum if isinstance(error, DemoInterrupted) else signal.SIGINT
+            if not results:
+                raise
+            report = _report(results, config) | {"interrupted": signal.Signals(signum).name}
+            _print_results(report, config, out)
+            raise DemoInterrupted(signum, report) from None
+    report = _report(results, config)
     _print_results(report, config, out)
     return report
 
 
+def _report(results: dict[str, dict[str, object]], config: DemoConfig) -> dict[str, Any]:
+    return {"policies": results, "rate_qps": config.rate_qps, "turn_s": config.turn_s, "seed": config.seed,
+            "duration_s": config.duration_s, "looseness": config.looseness}
+
+
 def _run_stack(config: DemoConfig, artifact: Path, prompts: Sequence[DemoPrompt], folder: Path,
-               runner: asyncio.Runner, stops: _StopSignals | None, say: _Status) -> dict[str, dict[str, object]]:
+               runner: asyncio.Runner, stops: _StopSignals | None, say: _Status,
+               results: dict[str, dict[str, object]]) -> None:
+    """Runs the policies' turns, each one's figures put in `results` as it finishes."""
     with _redis(config, folder) as redis_url, _stack(config, artifact, folder, redis_url, say) as (router, pool, sink):
-        drive = _watched(_drive(config, router.address, prompts, pool, sink, redis_url, say), pool)
-        return runner.run(stops.guard(drive) if stops is not None else drive)
+        drive = _watched(_drive(config, router.address, prompts, pool, sink, redis_url, say, results), pool)
+        runner.run(stops.guard(drive) if stops is not None else drive)
 
 
 class _StopSignals:
@@ -399,7 +418,7 @@ async def _watched(main: Coroutine[Any, Any, T], pool: PoolProcess) -> T:
 
 
 async def _drive(config: DemoConfig, router_address: str, prompts: Sequence[DemoPrompt], pool: PoolProcess,
-                 sink: _EventSink, redis_url: str, say: _Status) -> dict[str, dict[str, object]]:
+                 sink: _EventSink, redis_url: str, say: _Status, results: dict[str, dict[str, object]]) -> None:
     from bear.router.client import AsyncRouterClient
 
     loop = asyncio.get_running_loop()
@@ -419,18 +438,16 @@ async def _drive(config: DemoConfig, router_address: str, prompts: Sequence[Demo
                            config.looseness)
             say.line(f"{len(queries)} queries at {config.rate_qps:g} queries/s per policy, "
                      f"{_seconds(config.turn_s)} s each: {', '.join(config.policies)}")
-            results = {}
             for policy in config.policies:
                 queued = client.num_queued  # earlier queries still waiting for their first token
                 if queued:
                     say.line(f"note: {policy}'s turn starts with {queued} earlier queries still queued in the pool "
                              "(the rate is past what it serves: each policy's figures depend on the one before)")
-                results[policy] = await _turn(client, policy, queries, config, say)
-                results[policy]["queued_at_start"] = queued
+                figures = await _turn(client, policy, queries, config, say)
+                results[policy] = figures | {"queued_at_start": queued}
         finally:
             sink.target = None
             await client.close()
-    return results
 
 
 async def _turn(client: WorkloadClient, policy: str, queries: Sequence[PlannedQuery], config: DemoConfig,
@@ -540,6 +557,10 @@ def _print_results(report: dict[str, Any], config: DemoConfig, out: TextIO) -> N
     policies: dict[str, dict[str, Any]] = report["policies"]
     print(f"\nBEAR demo: {config.rate_qps:g} queries/s, {_seconds(config.turn_s)} s per policy, seed {config.seed}",
           file=out)
+    if "interrupted" in report:
+        missing = [name for name in config.policies if name not in policies]
+        print(f"Stopped by {report['interrupted']}: " + (f"the figures of the turns that finished; not run to the end: "
+              f"{', '.join(missing)}" if missing else "every turn had finished"), file=out)
     width = max(14, *(len(name) for name in policies))  # bear-prefill-tps, latency-agnostic: 16
     header = (f"{'policy':<{width}} {'queries':>7} {'OnTimeUtility':>13} {'SLO met':>8} {'shed':>5} {'errors':>6} "
               f"{'route p50':>10} {'route p99':>10} {'TTFT est. error':>15}  routing mix")

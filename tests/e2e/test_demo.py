@@ -190,3 +190,44 @@ def _cwd(process: psutil.Process) -> str | None:
         return process.cwd()
     except psutil.Error:
         return None
+
+
+def test_a_run_stopped_in_a_later_turn_prints_and_writes_the_turns_that_finished(tmp_path: Path) -> None:
+    """SIGTERM during the second policy's turn: the demo stops as before (status 143), and still prints the first
+    policy's figures and writes them to --json, saying it was stopped and which turn did not finish."""
+    out = tmp_path / "demo.json"
+    environ = dict(os.environ, BEAR_CACHE_DIR=str(tmp_path / "cache"))
+    demo = subprocess.Popen([BEAR, "demo", "--duration", "30", "--rate", "10", "--policies", "bear,score",
+                             "--json", str(out), "--run-folder", str(tmp_path / "run")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ)
+    lines: list[str] = []
+    second_turn = threading.Event()
+
+    def read_status() -> None:
+        assert demo.stderr is not None
+        for line in demo.stderr:
+            lines.append(line)
+            if line.startswith("  score "):  # its progress: the first turn has finished
+                second_turn.set()
+
+    reader = threading.Thread(target=read_status, daemon=True)
+    reader.start()
+    try:
+        assert second_turn.wait(300), "".join(lines)[-3000:]
+        demo.send_signal(signal.SIGTERM)
+        stdout, _ = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait(10)
+        reader.join(10)
+    assert demo.returncode == 128 + signal.SIGTERM, "".join(lines)[-3000:]
+    assert "Traceback" not in "".join(lines)
+    assert "Stopped by SIGTERM" in stdout and "not run to the end: score" in stdout, stdout
+    [row] = [line for line in stdout.splitlines() if line.startswith("bear ")]
+    assert not [line for line in stdout.splitlines() if line.startswith("score ")], stdout
+    report = json.loads(out.read_text())
+    assert report["interrupted"] == "SIGTERM" and list(report["policies"]) == ["bear"]
+    bear = report["policies"]["bear"]
+    assert bear["errors"] == 0 and bear["queries"] >= 20 and 0 < bear["routes"] <= bear["queries"]
+    assert str(bear["queries"]) in row.split()
