@@ -58,8 +58,8 @@ MAX_QUERIES = 2_000_000  # rate × duration at most this (the planned queries ar
 
 
 class DemoInterrupted(BaseException):
-    """The run was ended by a signal (STOP_SIGNALS, or Ctrl-C in the policies' turns) after its services and pool were
-    stopped; `report` holds the figures of the turns that finished before it, if any. A BaseException, as
+    """The run was ended by a signal (STOP_SIGNALS, or Ctrl-C once a policy's turn had finished) after its services
+    and pool were stopped; `report` holds the figures of the turns that finished before it. A BaseException, as
     KeyboardInterrupt is: no `except Exception` on the way may swallow it."""
 
     def __init__(self, signum: int, report: dict[str, Any] | None = None) -> None:
@@ -107,9 +107,9 @@ class DemoConfig:
 
 def run_demo(config: DemoConfig, out: TextIO = sys.stdout, status: TextIO = sys.stderr) -> dict[str, Any]:
     """Runs the demo; prints the results to `out` and progress to `status`; returns the results. Called from the main
-    thread, SIGTERM and SIGHUP stop the services and the pool, then raise DemoInterrupted; so does Ctrl-C once the
-    turns have begun. An interrupted run prints the figures of the turns it finished, and its DemoInterrupted holds
-    them."""
+    thread, SIGTERM and SIGHUP stop the services and the pool, then raise DemoInterrupted; so does Ctrl-C once a
+    policy's turn has finished (before, KeyboardInterrupt). An interrupted run prints the figures of the turns it
+    finished, and its DemoInterrupted holds them."""
     check_policies(config.policies)
     # The event loop is made before a signal can interrupt anything: one interrupted while asyncio builds it leaves a
     # half-made loop behind (a traceback at exit).
