@@ -199,7 +199,9 @@ class CallStreamServer(Generic[Request, Response]):
                 task.add_done_callback(functools.partial(done, None if duplicate else call.call_id))
                 await slots.acquire()  # free unless max_in_flight calls are unanswered
         except asyncio.CancelledError:
-            if handler not in self._closing:
+            if handler not in self._closing:  # the caller is gone (its stream cancelled, its process dead): its calls
+                for task in list(in_flight):  # are given up, as gRPC cancels a unary handler (QA: a Route call went on
+                    task.cancel()  # to be decided and recorded for a client that was gone)
                 raise
         finally:
             del self._streams[handler]

@@ -213,6 +213,31 @@ def test_a_call_its_caller_gave_up_is_given_up_by_the_server_too() -> None:
     run(scenario)
 
 
+def test_the_calls_of_a_stream_its_caller_cancelled_are_given_up() -> None:
+    """The caller's stream itself ends abruptly (cancelled, or its process gone) while the server waits for a call to
+    end (at its limit of calls in flight): the calls being answered are given up too, as for a unary call, rather
+    than answered for nobody (QA: Route calls were decided and recorded for a client that had died)."""
+    async def scenario() -> None:
+        servicer = Servicer()
+        servicer.streams = CallStreamServer(_answer, estimator_pb2.EstimateResult, METHOD, max_in_flight=2)
+        server = await Server(servicer).start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                call = _raw_stream(channel)
+                for n in range(2):
+                    await call.write(estimator_pb2.EstimateCall(call_id=n, request=_request(f"sleep:0.4#orphan{n}")))
+                await asyncio.sleep(0.1)  # the server is answering them, and reads no more until one ends
+                call.cancel()
+                await asyncio.sleep(0.6)  # past the answers' time
+            assert not [q for q in ANSWERED if "#orphan" in q]
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:  # the server goes on
+                assert (await _stream(channel).call(_request("sleep:0#after-orphans"), timeout_s=5)).estimates
+        finally:
+            await server.kill()
+
+    run(scenario)
+
+
 def test_a_call_past_its_deadline_fails_and_its_late_answer_is_dropped() -> None:
     async def scenario() -> None:
         async with connected() as (server, stream):
