@@ -83,7 +83,8 @@ def route_request(*, prompt: str | None, prompt_tokens: int | None, ttft_slo_ms:
                   delta_per_s: float | None, max_tokens: int | None = None) -> router_pb2.RouteRequest:
     """The RouteRequest of these arguments; exactly one of `prompt` and `prompt_tokens`."""
     if (prompt is None) == (prompt_tokens is None):
-        raise ValueError("give either prompt (the text) or prompt_tokens (a length-only query), not both")
+        given = "both" if prompt is not None else "neither"
+        raise ValueError(f"give either prompt (the text) or prompt_tokens (a length-only query), not {given}")
     # what a uint32 holds; the router checks > 0
     if prompt_tokens is not None and (not _is_integer(prompt_tokens) or not 0 <= prompt_tokens < 1 << 32):
         raise ValueError(f"prompt_tokens must be a number of tokens, got {prompt_tokens!r}")
