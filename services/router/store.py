@@ -9,8 +9,9 @@
                       older entries of bear:instances are removed), and whether Redis is new or came back empty
                       (the epoch in bear:present changed since the last read)
 
-Every operation has a deadline (until one has succeeded, at least FIRST_CALL_TIMEOUT_S: the first also opens the
-connection, and the first Route calls wait for the registrations it reads). After a failure the store stops calling
+Every operation has a deadline (the dispatch records' writes, off the Route path, one of their own; until one has
+succeeded, at least FIRST_CALL_TIMEOUT_S: the first also opens the connection, and the first Route calls wait for
+the registrations it reads). After a failure the store stops calling
 Redis for `retry_after_s` (each call in that time fails at once), so that a Redis that hangs costs one deadline, not
 one per query; callers count the failures.
 `close` waits for the calls in flight (each ends by its deadline) before it closes the connections: a call that
@@ -61,8 +62,10 @@ class RedisStore:
         self._undecodable = LogThrottle()  # by Redis key
         self._closed = False  # after close(), no call opens a connection again (it would be left open)
         self._in_flight = 0  # calls started and not ended
+        self._deadline = 0.0  # monotonic: the latest deadline of a call started so far
 
-    async def record_dispatches(self, records: Sequence[DispatchRecord]) -> None:
+    async def record_dispatches(self, records: Sequence[DispatchRecord], timeout_s: float | None = None) -> None:
+        """Writes the records, with a deadline of `timeout_s` if given (off the Route path) instead of the store's."""
         ttl_s = redis_keys.DISPATCH_TTL_S
 
         async def write() -> None:
@@ -79,7 +82,7 @@ class RedisStore:
             await pipe.execute()
             self._forget_expired(max((r.dispatched_at_s for r in records), default=0.0) - ttl_s - TRIM_INTERVAL_S)
 
-        await self._call("record", write)
+        await self._call("record", write, timeout_s)
 
     def _forget_expired(self, before_s: float) -> None:
         """Forgets the instances not trimmed since `before_s`: their sets have expired with their last entries (pods
@@ -137,8 +140,7 @@ class RedisStore:
 
     async def close(self) -> None:
         self._closed = True
-        ends_by = time.monotonic() + max(self._timeout_s, FIRST_CALL_TIMEOUT_S) + 0.1  # the calls' deadlines
-        while self._in_flight and time.monotonic() < ends_by:
+        while self._in_flight and time.monotonic() < self._deadline + 0.1:  # the latest deadline of a call in flight
             await asyncio.sleep(0.005)
         await self._client.aclose()
 
@@ -151,14 +153,17 @@ class RedisStore:
                                key, type(error).__name__, error, self._undecodable.count(key))
             return None
 
-    async def _call(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
+    async def _call(self, operation: str, call: Callable[[], Awaitable[T]], timeout_s: float | None = None) -> T:
         if self._closed:
             raise DependencyUnavailable("redis", SKIPPED, f"{operation}: the router is stopping")
         if time.monotonic() < self._down_until:
             raise DependencyUnavailable("redis", SKIPPED, f"{operation}: Redis failed less than "
                                                           f"{self._retry_after_s:g} s ago")
-        timeout_s = self._timeout_s if self._succeeded else max(self._timeout_s, FIRST_CALL_TIMEOUT_S)
+        timeout_s = timeout_s or self._timeout_s
+        if not self._succeeded:
+            timeout_s = max(timeout_s, FIRST_CALL_TIMEOUT_S)
         self._in_flight += 1
+        self._deadline = max(self._deadline, time.monotonic() + timeout_s)
         try:
             async with asyncio.timeout(timeout_s):  # in this task: nothing is left running after a deadline
                 result = await call()

@@ -101,7 +101,7 @@ class FakeStore:
         if self.down:
             raise DependencyUnavailable("redis", "UNAVAILABLE", "ConnectionError: down")
 
-    async def record_dispatches(self, records: Sequence[DispatchRecord]) -> None:
+    async def record_dispatches(self, records: Sequence[DispatchRecord], timeout_s: float | None = None) -> None:
         self._check()
         self.records.extend(records)
 
