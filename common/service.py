@@ -183,6 +183,8 @@ Register = Callable[[grpc.aio.Server], Iterable[str]]  # adds servicers, returns
 
 
 OnStop = Callable[[], Awaitable[None]]  # e.g. ending the streams of calls that callers keep open
+OnMalformed = Callable[[str], None]  # told the full method name ("/bear.v1.Router/Route") of a request that did not
+# decode (answered INVALID_ARGUMENT before any servicer sees it): for the service's own error counts
 
 
 class RunningServer:
@@ -218,7 +220,8 @@ def _spanned(details: grpc.HandlerCallDetails) -> bool:
     return not_a_call_stream(details) and details.method != HEALTH_WATCH
 
 
-async def start_server(settings: ServerSettings, register: Register, on_stop: Iterable[OnStop] = ()) -> RunningServer:
+async def start_server(settings: ServerSettings, register: Register, on_stop: Iterable[OnStop] = (),
+                       on_malformed: OnMalformed | None = None) -> RunningServer:
     """Builds and starts the server (call from the event loop that will run it); `on_stop` runs when it stops."""
     from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
@@ -227,7 +230,7 @@ async def start_server(settings: ServerSettings, register: Register, on_stop: It
     server = grpc.aio.server(interceptors=[aio_server_interceptor(filter_=_spanned)] if traced else [],
                              options=[*SERVER_OPTIONS,
                                       ("grpc.max_receive_message_length", settings.max_receive_message_bytes)])
-    guarded = _GuardedRegistration(server)
+    guarded = _GuardedRegistration(server, on_malformed)
     names = list(register(guarded))  # type: ignore[arg-type] - what register() uses of a server, guarded
     health_servicer = health.aio.HealthServicer()  # an asyncio servicer: a blocking one fails under grpc.aio
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, guarded)
@@ -343,10 +346,10 @@ def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
 async def serve_until_stopped(settings: ServerSettings, register: Register,
                               on_ready: Callable[[int, int | None], None] = lambda port, metrics: None,
                               background: Iterable[Callable[[], Awaitable[None]]] = (),
-                              on_stop: Iterable[OnStop] = ()) -> None:
+                              on_stop: Iterable[OnStop] = (), on_malformed: OnMalformed | None = None) -> None:
     """Runs the service until SIGTERM/SIGINT; `background` tasks run alongside and are cancelled at shutdown."""
     configure_tracing(settings.service_name)
-    running = await start_server(settings, register, on_stop)
+    running = await start_server(settings, register, on_stop, on_malformed)
     try:
         metrics_port = start_metrics(settings.metrics_port, settings.host)
     except OSError as error:  # the gRPC server stops before the loop closes (its callbacks need the loop)
@@ -410,14 +413,16 @@ class _GuardedRegistration:
     answers bytes that are no message INVALID_ARGUMENT (gRPC's own answer would be UNKNOWN, with a traceback in the
     log for each call). Everything else is the server's."""
 
-    def __init__(self, server: grpc.aio.Server | grpc.Server) -> None:
+    def __init__(self, server: grpc.aio.Server | grpc.Server, on_malformed: OnMalformed | None = None) -> None:
         self._server = server
+        self._on_malformed = on_malformed
 
     def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
-        self._server.add_generic_rpc_handlers(tuple(_GuardedGenericHandler(h) for h in handlers))
+        self._server.add_generic_rpc_handlers(tuple(_GuardedGenericHandler(h, self._on_malformed) for h in handlers))
 
     def add_registered_method_handlers(self, service: str, handlers: Mapping[str, grpc.RpcMethodHandler]) -> None:
-        self._server.add_registered_method_handlers(service, {name: _guarded(h) for name, h in handlers.items()})
+        self._server.add_registered_method_handlers(service, {
+            name: _guarded(h, f"/{service}/{name}", self._on_malformed) for name, h in handlers.items()})
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._server, name)
@@ -429,8 +434,9 @@ def guarded(server: grpc.Server) -> grpc.Server:
 
 
 class _GuardedGenericHandler(grpc.GenericRpcHandler):
-    def __init__(self, inner: grpc.GenericRpcHandler) -> None:
+    def __init__(self, inner: grpc.GenericRpcHandler, on_malformed: OnMalformed | None) -> None:
         self._inner = inner
+        self._on_malformed = on_malformed
         self._guarded: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}  # method → (its, ours)
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
@@ -440,13 +446,14 @@ class _GuardedGenericHandler(grpc.GenericRpcHandler):
         method = handler_call_details.method
         known = self._guarded.get(method)
         if known is None or known[0] is not handler:
-            known = self._guarded[method] = (handler, _guarded(handler))
+            known = self._guarded[method] = (handler, _guarded(handler, method, self._on_malformed))
         return known[1]
 
 
-def _guarded(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    """`handler` with a deserializer that hands undecodable bytes on as _Malformed and a behaviour that answers
-    them INVALID_ARGUMENT, for an asyncio server's behaviours and a blocking server's (the snapshotter's) alike."""
+def _guarded(handler: grpc.RpcMethodHandler, method: str, on_malformed: OnMalformed | None) -> grpc.RpcMethodHandler:
+    """`handler` with a deserializer that hands undecodable bytes on as _Malformed (and tells `on_malformed`) and a
+    behaviour that answers them INVALID_ARGUMENT, for an asyncio server's behaviours and a blocking server's (the
+    snapshotter's) alike."""
     deserialize = handler.request_deserializer
     behaviour = handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
     if deserialize is None:
@@ -459,6 +466,11 @@ def _guarded(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         try:
             return deserialize(data)
         except Exception as error:  # noqa: BLE001 - any failure to decode is the caller's malformed request
+            if on_malformed is not None:
+                try:
+                    on_malformed(method)
+                except Exception:  # noqa: BLE001 - a count that failed must not change the answer
+                    logger.exception("counting a malformed request to %s", method)
             return _Malformed(str(error) or type(error).__name__)
 
     serialize = handler.response_serializer

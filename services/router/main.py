@@ -61,6 +61,7 @@ class RouterApp:
     background: list[Callable[[], Awaitable[None]]]
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     on_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # as the server stops: end streams
+    on_malformed: Callable[[str], None] | None = None  # a request that did not decode, by its full method name
 
     async def close(self) -> None:
         for close in reversed(self.closers):
@@ -122,7 +123,8 @@ async def build(config: RouterConfig, registry: CollectorRegistry | None = None,
     closers.append(router.close)
     servicer = server.RouterServicer(router)
     return RouterApp(router, lambda grpc_server: server.register(grpc_server, servicer),
-                     [lambda: router.refresh_forever(config.refresh_interval_s)], closers, [servicer.streams.close])
+                     [lambda: router.refresh_forever(config.refresh_interval_s)], closers, [servicer.streams.close],
+                     servicer.malformed)
 
 
 def build_policies(config: RouterConfig) -> tuple[dict[str, Any], Any]:
@@ -167,7 +169,7 @@ async def serve(config: RouterConfig) -> None:
     settings = server_settings(config, config.metrics_port)
     try:
         await serve_until_stopped(settings, app.register, on_ready=announce, background=app.background,
-                                  on_stop=app.on_stop)
+                                  on_stop=app.on_stop, on_malformed=app.on_malformed)
     finally:
         await app.close()
 
@@ -205,7 +207,7 @@ async def start(config: RouterConfig, registry: CollectorRegistry | None = None,
     app = await build(config, registry, tracer)
     settings = server_settings(config, None)
     try:
-        running = await start_server(settings, app.register, app.on_stop)
+        running = await start_server(settings, app.register, app.on_stop, app.on_malformed)
     except BaseException:  # e.g. ServiceStartError: its Redis connections and channels close all the same
         await app.close()
         raise

@@ -92,6 +92,11 @@ class NoInstances(Exception):
     """No ready instance serves the query's models (UNAVAILABLE: it may pass)."""
 
 
+class DecisionUnreachable(Exception):
+    """ReportOutcome: the decision is not in this replica's memory and Redis, which holds every replica's, did not
+    answer (UNAVAILABLE: report again later; `known: false` would say there was no such decision)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RouterSettings:
     default_policy: str
@@ -385,6 +390,10 @@ class Router:
         else:
             self._metrics.sheds.labels(result.policy).inc()
 
+    def count_refusal(self, method: str, code: str) -> None:
+        """A call refused before it reached the router (a request that did not decode)."""
+        self._metrics.refusals.labels(method, code).inc()
+
     def count_error(self, method: str, code: str) -> None:
         """A call the gRPC face answered with an error status (`code`: its name)."""
         self._metrics.errors.labels(method, code).inc()
@@ -408,6 +417,9 @@ class Router:
                     record = await self._store.dispatch(outcome.request_id)
                 except DependencyUnavailable as error:
                     self._metrics.dependency_failed("redis", error.code)
+                    raise DecisionUnreachable(
+                        f"request {outcome.request_id!r}: its decision is not in this router's memory, and Redis, "
+                        f"which keeps every replica's, did not answer ({error}): report it again later") from None
             span.set_attribute("bear.dispatch_found", record is not None)
             if record is None:
                 self._metrics.outcomes.labels("false").inc()

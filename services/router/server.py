@@ -1,8 +1,9 @@
 """The gRPC face of the router (bear.v1.Router): messages in and out through `wire`, domain errors to status codes.
 
-    InvalidQuery      → INVALID_ARGUMENT, the message names the field
-    DuplicateRequest  → ALREADY_EXISTS (a request id this router has routed already)
-    NoInstances       → UNAVAILABLE (no ready instance serves the query's models)
+    InvalidQuery         → INVALID_ARGUMENT, the message names the field
+    DuplicateRequest     → ALREADY_EXISTS (a request id this router has routed already)
+    NoInstances          → UNAVAILABLE (no ready instance serves the query's models)
+    DecisionUnreachable  → UNAVAILABLE (ReportOutcome: a decision not in memory, and Redis failing)
 
 `RouteStream` is Route's stream twin (many Route calls over one stream, `bear.common.call_streams`): each call is
 answered alike, its error as the status Route would have failed with.
@@ -17,7 +18,7 @@ import grpc
 from bear.common.call_streams import CallFailed, CallStreamServer, answer_unary
 from bear.router import wire
 from bear.router.query import DuplicateRequest, InvalidQuery
-from bear.router.router import NoInstances, Router
+from bear.router.router import DecisionUnreachable, NoInstances, Router
 from bear.v1 import router_pb2, router_pb2_grpc
 
 SERVICE_NAME = router_pb2.DESCRIPTOR.services_by_name["Router"].full_name
@@ -46,7 +47,19 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             known, predicted_ttft_ms = await self._router.report_outcome(wire.outcome_from_proto(request))
         except InvalidQuery as error:
             raise CallFailed(grpc.StatusCode.INVALID_ARGUMENT, str(error)) from None
+        except DecisionUnreachable as error:
+            raise CallFailed(grpc.StatusCode.UNAVAILABLE, str(error)) from None
         return wire.ack_to_proto(known, predicted_ttft_ms)
+
+    def malformed(self, method: str) -> None:
+        """A request that did not decode (answered INVALID_ARGUMENT by bear.common.service): counted as a refusal of
+        its method, as Route's and ReportOutcome's own are (RouteStream's as Route's)."""
+        service, _, name = method.rpartition("/")
+        if service != f"/{SERVICE_NAME}":  # health, reflection: not the router's calls
+            return
+        name = "Route" if name == "RouteStream" else name
+        self._router.count_refusal(name, grpc.StatusCode.INVALID_ARGUMENT.name)
+        self._router.count_error(name, grpc.StatusCode.INVALID_ARGUMENT.name)
 
     def _route_failed(self, code: grpc.StatusCode) -> None:
         self._router.count_error("Route", code.name)

@@ -1,7 +1,7 @@
 """Request bytes that are no message of the method (truncated, a wrong tag, a string that is not UTF-8), sent over a
 raw channel to the router's, the predictor's and the estimator's servicers on a real server on a loopback port
 (`bear.common.service.start_server`): INVALID_ARGUMENT "malformed request: ..." before any servicer runs, for unary
-methods and streams of calls alike, and no error logged for them."""
+methods and streams of calls alike, and no error logged for them; the service told of each (its error counts)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from tests.service_loop import LoopThread
 
 NOT_UTF8 = b"a\xffb"
 GARBAGE = b"\xff\xff\xff\xff"  # field 0 does not exist: no message starts so
+TOLD: list[str] = []  # the methods start_server's on_malformed was told of
 
 
 class _Unreachable:
@@ -47,7 +48,8 @@ def channel() -> Iterator[grpc.Channel]:
         return [*register_router(server, RouterServicer(_Unreachable())),  # type: ignore[arg-type]
                 *register_predictor(predictor)(server), *register_estimator(estimator)(server)]
 
-    running: RunningServer = loop.run(start_server(ServerSettings("bear-test", "127.0.0.1", 0, None, 1.0), register))
+    running: RunningServer = loop.run(start_server(ServerSettings("bear-test", "127.0.0.1", 0, None, 1.0), register,
+                                                   on_malformed=TOLD.append))
     channel = grpc.insecure_channel(f"127.0.0.1:{running.port}")
     yield channel
     channel.close()
@@ -69,10 +71,12 @@ def channel() -> Iterator[grpc.Channel]:
 def test_a_unary_call_with_malformed_bytes_is_invalid_argument(channel: grpc.Channel, method: str, payload: bytes,
                                                                caplog: pytest.LogCaptureFixture) -> None:
     call = channel.unary_unary(method, request_serializer=None, response_deserializer=None)
+    TOLD.clear()
     with caplog.at_level(logging.WARNING), pytest.raises(grpc.RpcError) as raised:
         call(payload, timeout=10)
     assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT, raised.value.details()
     assert raised.value.details().startswith("malformed request: ")
+    assert TOLD == [method]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
 
 
@@ -83,10 +87,12 @@ def test_a_stream_of_calls_with_a_malformed_message_ends_invalid_argument(channe
                                                                           payload: bytes,
                                                                           caplog: pytest.LogCaptureFixture) -> None:
     call = channel.stream_stream(method, request_serializer=None, response_deserializer=None)
+    TOLD.clear()
     with caplog.at_level(logging.WARNING), pytest.raises(grpc.RpcError) as raised:
         list(call(iter([payload]), timeout=10))
     assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT, raised.value.details()
     assert raised.value.details().startswith("malformed request: ")
+    assert TOLD == [method]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
 
 

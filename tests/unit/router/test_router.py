@@ -13,7 +13,7 @@ import pytest
 from bear.core.state import EngineConfig
 from bear.router.decision import DispatchRecord, Outcome
 from bear.router.query import DuplicateRequest, InvalidQuery, RouteQuery
-from bear.router.router import NoInstances
+from bear.router.router import DecisionUnreachable, NoInstances
 from bear.router.signals import DependencyUnavailable, QueueLengths
 from bear.routing.contract import Decision
 from bear.routing.observations import MIN_RESIDUALS
@@ -602,8 +602,9 @@ def test_the_routers_own_time_counts_against_the_target() -> None:
 def test_report_outcome_of_an_unknown_request_is_not_known() -> None:
     harness = make_router()
     assert asyncio.run(harness.router.report_outcome(Outcome("nobody", 100.0))) == (False, 0.0)
-    harness.store.down = True
-    assert asyncio.run(harness.router.report_outcome(Outcome("nobody", 100.0))) == (False, 0.0)
+    harness.store.down = True  # then not known to be unknown: see the next test
+    with pytest.raises(DecisionUnreachable):
+        asyncio.run(harness.router.report_outcome(Outcome("nobody", 100.0)))
     with pytest.raises(InvalidQuery, match="observed_ttft_ms"):
         asyncio.run(harness.router.report_outcome(Outcome("q", -5.0)))
     with pytest.raises(InvalidQuery, match="request_id"):
@@ -659,6 +660,20 @@ def test_a_target_over_the_limit_is_shown_as_sent() -> None:
 def test_report_outcome_finds_decisions_other_replicas_recorded() -> None:
     harness = make_router()
     harness.store.stored["elsewhere"] = DispatchRecord("elsewhere", "large-0", "Qwen3-32B", 999.0, 10, 10, 80.0, 500)
+    assert asyncio.run(harness.router.report_outcome(Outcome("elsewhere", 100.0))) == (True, 80.0)
+
+
+def test_report_outcome_of_a_decision_not_in_memory_while_redis_is_down_is_unavailable_not_unknown() -> None:
+    """(QA: answered `known: false`, and the observation was lost, though the decision was in Redis all along.)"""
+    harness = make_router()
+    harness.store.stored["elsewhere"] = DispatchRecord("elsewhere", "large-0", "Qwen3-32B", 999.0, 10, 10, 80.0, 500)
+    harness.store.down = True
+    with pytest.raises(DecisionUnreachable, match="'elsewhere'.*Redis.*did not answer.*report it again later"):
+        asyncio.run(harness.router.report_outcome(Outcome("elsewhere", 100.0)))
+    assert harness.metric("bear_router_outcomes_total", known="false") == 0
+    route(harness, request_id="here")  # a decision this replica remembers needs no Redis
+    assert asyncio.run(harness.router.report_outcome(Outcome("here", 100.0)))[0] is True
+    harness.store.down = False
     assert asyncio.run(harness.router.report_outcome(Outcome("elsewhere", 100.0))) == (True, 80.0)
 
 

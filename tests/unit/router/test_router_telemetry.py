@@ -11,6 +11,7 @@ import redis.exceptions
 from bear.router.decision import Outcome
 from bear.router.query import InvalidQuery
 from bear.router.router import NoInstances
+from bear.router.server import RouterServicer
 from bear.router.signals import DependencyUnavailable, QueueLengths
 from bear.router.store import redis_failure_code
 
@@ -164,3 +165,16 @@ def test_after_redis_came_back_empty_the_latest_dispatch_records_are_written_aga
     asyncio.run(refresh())  # only once
     assert len(harness.store.records) == 3
     assert not [s for s in harness.spans.get_finished_spans() if s.name == "bear.record"][3:]  # no spans of their own
+
+
+def test_a_request_that_did_not_decode_counts_as_a_refusal_and_an_error_of_its_method() -> None:
+    """(QA: answered INVALID_ARGUMENT by the server's guard, but missing from the router's error counts.)"""
+    harness = make_router()
+    servicer = RouterServicer(harness.router)
+    for method in ("/bear.v1.Router/Route", "/bear.v1.Router/RouteStream", "/bear.v1.Router/ReportOutcome",
+                   "/grpc.health.v1.Health/Check"):
+        servicer.malformed(method)
+    for name, count in (("Route", 2), ("ReportOutcome", 1)):
+        assert harness.metric("bear_router_errors_total", method=name, code="INVALID_ARGUMENT") == count
+        assert harness.metric("bear_router_refusals_total", method=name, code="INVALID_ARGUMENT") == count
+    assert harness.metric("bear_router_errors_total", method="Check", code="INVALID_ARGUMENT") == 0
