@@ -90,8 +90,11 @@ def _run_folder_problem(folder: Path | None) -> str | None:
     """Why --run-folder cannot be used, found before anything starts (None: it can; it exists from here on)."""
     if folder is None:
         return None
-    if folder.exists() and not folder.is_dir():
-        return f"--run-folder {folder}: exists and is not a folder"
+    try:
+        if folder.exists() and not folder.is_dir():
+            return f"--run-folder {folder}: exists and is not a folder"
+    except OSError as error:  # a name the file system refuses (too long)
+        return f"--run-folder {folder}: {error.strerror or error}"
     return _folder_problem("--run-folder", folder, folder)
 
 
@@ -101,8 +104,11 @@ def _cache_problem() -> str | None:
 
     folder = cache_folder()
     name = "BEAR_CACHE_DIR" if os.environ.get("BEAR_CACHE_DIR") else "the cache folder"
-    if folder.exists() and not folder.is_dir():
-        return f"{name} {folder}: exists and is not a folder"
+    try:
+        if folder.exists() and not folder.is_dir():
+            return f"{name} {folder}: exists and is not a folder"
+    except OSError as error:
+        return f"{name} {folder}: {error.strerror or error}"
     return _folder_problem(name, folder, folder)
 
 
@@ -111,10 +117,13 @@ def _json_problem(path: Path | None) -> str | None:
     folder exists from here on)."""
     if path is None:
         return None
-    if path.is_dir():
-        return f"--json {path}: is a folder"
-    if path.exists() and not os.access(path, os.W_OK):
-        return f"--json {path}: not writable"
+    try:
+        if path.is_dir():
+            return f"--json {path}: is a folder"
+        if path.exists() and not os.access(path, os.W_OK):
+            return f"--json {path}: not writable"
+    except OSError as error:
+        return f"--json {path}: {error.strerror or error}"
     return _folder_problem("--json", path, path.parent)
 
 

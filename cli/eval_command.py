@@ -56,9 +56,9 @@ def _out_problem(out: str) -> str | None:
     if not out.strip():
         return "empty: name the output folder"
     folder = Path(out)
-    if folder.exists() and not folder.is_dir():
-        return "exists and is not a folder"
     try:
+        if folder.exists() and not folder.is_dir():
+            return "exists and is not a folder"
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".bear-eval-", suffix=".probe"):
             pass

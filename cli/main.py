@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from collections.abc import Sequence
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 128 + 2  # as a shell reports a process ended by SIGINT
 EXIT_BROKEN_PIPE = 128 + 13  # as a shell reports a process ended by SIGPIPE
 
@@ -51,6 +53,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Python would report the failed flush of stdout at exit: point stdout at /dev/null first.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+    except OSError as error:  # after BrokenPipeError, one of them
+        if error.errno != errno.ENAMETOOLONG:
+            raise
+        # A path too long for the file system, given where no check of the command's catches it: said, not a
+        # traceback (the input's fault, not the program's).
+        print(f"bear {args.command}: {error.filename!r}: {error.strerror} (a path given is too long)", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from bear.cli.arguments import int_in
 from bear.common import strict_json
-from bear.common.config_sources import given_value
 from bear.core.case import CaseError, parse_case, result_to_json
 from bear.core.replay import ReplayEngine, estimate, prepare, replay
 from bear.core.result import ReplayResult
@@ -42,7 +41,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _case_path(text: str) -> Path:
-    return Path(given_value(text))  # "" (an unset shell variable) would read the current folder
+    if not text.strip():  # "" (an unset shell variable) would read the current folder
+        raise argparse.ArgumentTypeError("empty: name the case file (JSON)")
+    return Path(text)
 
 
 def run(args: argparse.Namespace) -> int:

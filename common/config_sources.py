@@ -36,9 +36,10 @@ class ConfigFileError(ValueError):
 def add_flags(parser: argparse.ArgumentParser, flags: Mapping[str, tuple[str, str]]) -> None:
     """`--config FILE` and one option per flag (flag → (environment variable, help)), stored under the variable's
     name (see `flag_values`)."""
+    example = next(iter(flags.values()))[0].removeprefix(PREFIX).lower()  # a key this service reads
     parser.add_argument("--config", metavar="FILE", type=given_value,
                         help="YAML file of settings, each written as its environment variable without BEAR_, in lower "
-                        "case (e.g. redis_url: redis://redis:6379/0); the environment and flags override it")
+                        f"case (e.g. {example}: VALUE); the environment and flags override it")
     for flag, (name, text) in flags.items():
         parser.add_argument(flag, dest=name, metavar=flag.removeprefix("--").replace("-", "_").upper(),
                             type=given_value, help=f"{text}; {name}")
@@ -213,6 +214,17 @@ def shutdown_grace_problem(value: float) -> str | None:
     if not (math.isfinite(value) and 0 <= value <= MAX_SHUTDOWN_GRACE_S):
         return f"BEAR_SHUTDOWN_GRACE_S must be in [0, {MAX_SHUTDOWN_GRACE_S:g}] seconds, got {value!r}"
     return None
+
+
+def folder_problem(name: str, path: str) -> str | None:
+    """Why `path`, given as the setting `name`, is not a folder that can be read (None: it is); a name the file
+    system refuses (too long) is said so, not raised."""
+    try:
+        if Path(path).is_dir():
+            return None
+    except OSError as error:  # ENAMETOOLONG, EACCES on a folder above it
+        return f"{name}: {path}: {error.strerror or error}"
+    return f"{name}: {path} is not a directory"
 
 
 def is_utf8(text: str) -> bool:

@@ -244,7 +244,8 @@ async def start_server(settings: ServerSettings, register: Register, on_stop: It
     except RuntimeError:  # "Failed to bind to address ..."
         port = 0
     if port == 0:
-        raise ServiceStartError(f"{_command(settings)}: {bind_problem(settings.host, settings.grpc_port)}")
+        problem = bind_problem(settings.host, settings.grpc_port, *_setting_names(settings, "HOST", "GRPC_PORT"))
+        raise ServiceStartError(f"{_command(settings)}: {problem}")
     await server.start()
     running = RunningServer(server, port, health_servicer, names, settings.shutdown_grace_s, on_stop)
     await running.set_serving(True)
@@ -277,6 +278,18 @@ def _command(settings: ServerSettings) -> str:
     """How error messages name the service: `bear serve router` for bear-router."""
     name = settings.service_name
     return f"bear serve {name.removeprefix('bear-')}" if name.startswith("bear-") else name
+
+
+_NAMED_SETTINGS = ("bear-router", "bear-estimator", "bear-predictor")  # BEAR_<SERVICE>_HOST and so on
+
+
+def _setting_names(settings: ServerSettings, *settings_named: str) -> tuple[str, ...]:
+    """How messages name a service's settings: `--host (BEAR_ROUTER_HOST)` for bear-router's HOST: the value may have
+    come from the flag, the variable or the config file's key (QA: a bad BEAR_ROUTER_HOST was called `--host`)."""
+    name = settings.service_name
+    prefix = f"BEAR_{name.removeprefix('bear-').upper()}_" if name in _NAMED_SETTINGS else None
+    return tuple(f"--{setting.lower().replace('_', '-')}" + (f" ({prefix}{setting})" if prefix else "")
+                 for setting in settings_named)
 
 
 def bind_problem(host: str, port: int, host_flag: str = "--host", port_flag: str = "--grpc-port") -> str:
@@ -354,7 +367,8 @@ async def serve_until_stopped(settings: ServerSettings, register: Register,
         metrics_port = start_metrics(settings.metrics_port, settings.host)
     except OSError as error:  # the gRPC server stops before the loop closes (its callbacks need the loop)
         await running.server.stop(None)
-        raise ServiceStartError(f"{_command(settings)}: --metrics-port {settings.metrics_port}: cannot serve /metrics "
+        (metrics_flag,) = _setting_names(settings, "METRICS_PORT")
+        raise ServiceStartError(f"{_command(settings)}: {metrics_flag} {settings.metrics_port}: cannot serve /metrics "
                                 f"on port {settings.metrics_port}: {error.strerror or error}") from None
     # What start-up built (modules, models, caches) lives as long as the process: out of the collector's passes, so
     # that a full collection does not stall calls for tens of milliseconds.

@@ -27,10 +27,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from bear.common.config_sources import (env_float, env_int, env_optional_port, grpc_target_problem, load_layered,
-                                        port_problem, shutdown_grace_problem)
+from bear.common.config_sources import (env_float, env_int, env_optional_port, folder_problem, grpc_target_problem,
+                                        load_layered, port_problem, shutdown_grace_problem)
 from bear.common.redis_config import ENVIRONMENT as REDIS_ENVIRONMENT
 from bear.common.redis_config import RedisConfig
 from bear.discovery.config import ENVIRONMENT as DISCOVERY_ENVIRONMENT
@@ -100,8 +99,8 @@ class EstimatorConfig:
                  "BEAR_ESTIMATOR_FORGET_AFTER_S must be >= BEAR_ESTIMATOR_RESYNC_S")
         grace = shutdown_grace_problem(self.shutdown_grace_s)
         _require(grace is None, grace or "")
-        _require(not self.predictor_model_dir or Path(self.predictor_model_dir).is_dir(),
-                 f"BEAR_PREDICTOR_MODEL_DIR: {self.predictor_model_dir} is not a directory")
+        model_dir = self.predictor_model_dir and folder_problem("BEAR_PREDICTOR_MODEL_DIR", self.predictor_model_dir)
+        _require(not model_dir, model_dir or "")
 
     @staticmethod
     def from_environ(environ: Mapping[str, str]) -> EstimatorConfig:

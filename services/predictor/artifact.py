@@ -198,7 +198,11 @@ class PredictorArtifact:
 
 
 def _verified_files(folder: Path) -> dict[str, str]:
-    if not folder.is_dir():
+    try:
+        is_folder = folder.is_dir()
+    except OSError as error:  # a name the file system refuses (too long)
+        raise ArtifactError(f"{folder}: {error.strerror or error}") from None
+    if not is_folder:
         raise ArtifactError(f"{folder}: no such folder (a predictor artifact is a folder written by "
                             f"`bear predictor train`)")
     if not (folder / MANIFEST).is_file():

@@ -21,6 +21,8 @@ from bear.common.redis_config import RedisConfig
 DEFAULT_REGION = "bear-snapshot"
 
 
+MAX_REGION_NAME_BYTES = 200  # the region file's name (the last part of a path): a DP rank's -dp<r> and the
+# temporary file's .<pid>.tmp go on it, within the 255 bytes a file name may have
 MAX_WAITING_ROWS_LIMIT = 65_536  # BEAR_SNAPSHOT_MAX_WAITING at most: estimators refuse snapshots with more rows
 MAX_RING_STEPS = 65_536  # BEAR_SNAPSHOT_RING_STEPS at most (a million steps made a 7 GB region in /dev/shm)
 MAX_ID_BYTES = 4096  # BEAR_SNAPSHOT_MAX_ID_BYTES at most (every row and step entry reserves this much)
@@ -41,7 +43,8 @@ class PluginConfig:
     max_id_bytes: int = 128  # BEAR_SNAPSHOT_MAX_ID_BYTES: longer request ids are cut (and flagged)
 
     def __post_init__(self) -> None:
-        _require(bool(self.region), "BEAR_SNAPSHOT_REGION must not be empty")
+        problem = region_problem(self.region)
+        _require(problem is None, problem or "")
         _require(0 <= self.max_waiting_rows <= MAX_WAITING_ROWS_LIMIT,
                  f"BEAR_SNAPSHOT_MAX_WAITING must be in [0, {MAX_WAITING_ROWS_LIMIT}]")
         _require(4 <= self.ring_steps <= MAX_RING_STEPS, f"BEAR_SNAPSHOT_RING_STEPS must be in [4, {MAX_RING_STEPS}]")
@@ -97,7 +100,8 @@ class SnapshotterConfig:
                            ("BEAR_SNAPSHOTTER_GRPC_HOST", self.grpc_host)):
             _require(is_utf8(text), f"{name} is not UTF-8 text: got {text!r}")  # an undecodable byte of the
             # environment or the command line: it would fail later, in a registration or a server that never starts
-        _require(bool(self.region), "BEAR_SNAPSHOT_REGION must not be empty")
+        problem = region_problem(self.region)
+        _require(problem is None, problem or "")
         _require(bool(self.instance_id), "BEAR_INSTANCE_ID must not be empty")
         _require(self.instance_id.isprintable() and not any(c.isspace() for c in self.instance_id),
                  f"BEAR_INSTANCE_ID must have no spaces or control characters (as a pools file's ids), got "
@@ -206,6 +210,21 @@ def _float(environ: Mapping[str, str], name: str, default: float) -> float:
         return float(text) if text else default
     except ValueError:
         raise ValueError(f"{name} must be a number, got {text!r}") from None
+
+
+def region_problem(region: str) -> str | None:
+    """Why BEAR_SNAPSHOT_REGION cannot name a region file (None: it can): a name in /dev/shm, or a path (with a '/')
+    whose last part names the file."""
+    name = region.rsplit("/", 1)[-1]
+    if not region:
+        return "BEAR_SNAPSHOT_REGION must not be empty"
+    if name in ("", ".", ".."):
+        return f"BEAR_SNAPSHOT_REGION must name a file (in /dev/shm, or a path to one), got {region!r}"
+    size = len(name.encode("utf-8", "surrogateescape"))
+    if size > MAX_REGION_NAME_BYTES:
+        return (f"BEAR_SNAPSHOT_REGION's file name must be at most {MAX_REGION_NAME_BYTES} bytes, got {size} "
+                f"({region[:40]!r}...)")
+    return None
 
 
 def _require(ok: bool, message: str) -> None:

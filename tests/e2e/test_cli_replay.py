@@ -94,7 +94,7 @@ def test_missing_file_and_bad_repeat_exit_2(tmp_path: Path) -> None:
     completed = _bear("replay", str(case), "--repeat", "1" + "0" * 22)  # would loop for a very long time
     assert completed.returncode == 2 and "--repeat" in completed.stderr
     completed = _bear("replay", "")  # an unset shell variable: not the current folder
-    assert completed.returncode == 2 and "empty value" in completed.stderr
+    assert completed.returncode == 2 and "empty: name the case file" in completed.stderr
 
 
 @pytest.mark.parametrize(

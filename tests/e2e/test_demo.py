@@ -68,6 +68,8 @@ def test_demo_routes_a_workload_with_three_policies(tmp_path: Path) -> None:
     (["--looseness", "10000"], "looseness must be a number in (0, 100]"),  # every target past the router's limit
     (["--run-folder", ""], "--run-folder: is empty"),  # (QA: the run went into the current folder)
     (["--json", " "], "--json: is empty"),
+    (["--run-folder", "r" * 300], f"--run-folder {'r' * 300}: File name too long"),  # (QA: a traceback)
+    (["--json", "j" * 300], f"--json {'j' * 300}: File name too long"),
 ])
 def test_demo_rejects_bad_input_naming_it(tmp_path: Path, args: list[str], message: str) -> None:
     completed = _run(args, tmp_path, timeout_s=120)

@@ -117,14 +117,16 @@ def _assert_refused(completed: subprocess.CompletedProcess[str], service: str, m
 def test_bear_serve_refuses_a_bad_host(service: str, artifact_dir: Path) -> None:
     completed = _serve(service, *_service_flags(service, artifact_dir), "--host", "bad_host", "--grpc-port", "0",
                        "--metrics-port", "off")
-    _assert_refused(completed, service, "--host bad_host: cannot listen on bad_host:0")
+    # named by flag and variable: the value may have come from either, or the config file (QA)
+    _assert_refused(completed, service, f"--host (BEAR_{service.upper()}_HOST) bad_host: cannot listen on bad_host:0")
 
 
 @pytest.mark.parametrize("service", ["predictor", "estimator", "router"])
 def test_bear_serve_refuses_a_metrics_port_in_use(service: str, artifact_dir: Path, taken_port: int) -> None:
     completed = _serve(service, *_service_flags(service, artifact_dir), "--host", "127.0.0.1", "--grpc-port", "0",
                        "--metrics-port", str(taken_port))
-    _assert_refused(completed, service, f"--metrics-port {taken_port}: cannot serve /metrics on port {taken_port}")
+    _assert_refused(completed, service, f"--metrics-port (BEAR_{service.upper()}_METRICS_PORT) {taken_port}: cannot "
+                                        f"serve /metrics on port {taken_port}")
 
 
 @pytest.mark.parametrize("service", ["predictor", "estimator"])
@@ -132,7 +134,8 @@ def test_bear_serve_refuses_the_port_of_a_running_bear_server(service: str, arti
                                                               running: RunningServer) -> None:
     completed = _serve(service, *_service_flags(service, artifact_dir), "--host", "127.0.0.1", "--grpc-port",
                        str(running.port), "--metrics-port", "off")
-    _assert_refused(completed, service, f"--grpc-port {running.port}: cannot listen on 127.0.0.1:{running.port}")
+    _assert_refused(completed, service, f"--grpc-port (BEAR_{service.upper()}_GRPC_PORT) {running.port}: cannot "
+                                        f"listen on 127.0.0.1:{running.port}")
 
 
 @pytest.mark.parametrize("service", ["estimator", "router"])

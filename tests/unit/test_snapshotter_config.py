@@ -60,6 +60,8 @@ def test_every_setting_is_read() -> None:
     ({"BEAR_INSTANCE_ID": "pod-7\nforged log line"}, "BEAR_INSTANCE_ID must have no spaces or control characters"),
     ({"BEAR_POOL": "p o o l"}, r"BEAR_POOL \(--pool\) must be 1-253 characters without spaces"),
     ({"BEAR_POOL": "p" * 5000}, r"BEAR_POOL \(--pool\) must be 1-253 characters"),
+    # (QA: a name too long for a file logged a traceback at every poll instead of refusing at start)
+    ({"BEAR_SNAPSHOT_REGION": "/dev/shm/" + "r" * 300}, "BEAR_SNAPSHOT_REGION's file name must be at most 200"),
 ])
 def test_bad_sidecar_settings_name_the_variable(environ: dict[str, str], names: str) -> None:
     with pytest.raises(ValueError, match=names):
@@ -90,6 +92,9 @@ def test_a_poll_interval_or_ttl_too_long_to_wait_for_is_refused(name: str, messa
     ({"BEAR_SNAPSHOT_MAX_WAITING": "-1"}, "BEAR_SNAPSHOT_MAX_WAITING"),
     ({"BEAR_SNAPSHOT_MAX_WAITING": "100000"}, r"BEAR_SNAPSHOT_MAX_WAITING must be in \[0, 65536\]"),
     ({"BEAR_SNAPSHOT_MAX_ID_BYTES": "many"}, "BEAR_SNAPSHOT_MAX_ID_BYTES"),
+    ({"BEAR_SNAPSHOT_REGION": ".."}, "BEAR_SNAPSHOT_REGION must name a file"),  # (QA: /dev/shm/.. is /dev)
+    ({"BEAR_SNAPSHOT_REGION": "/tmp/regions/"}, "BEAR_SNAPSHOT_REGION must name a file"),
+    ({"BEAR_SNAPSHOT_REGION": "r" * 201}, "BEAR_SNAPSHOT_REGION's file name must be at most 200 bytes, got 201"),
 ])
 def test_bad_plugin_settings_name_the_variable(environ: dict[str, str], names: str) -> None:
     with pytest.raises(ValueError, match=names):

@@ -58,6 +58,7 @@ def test_a_file_key_that_is_not_a_setting_is_named(tmp_path: Path) -> None:
     ({"BEAR_ESTIMATOR_GRPC_PORT": "70000"}, "BEAR_ESTIMATOR_GRPC_PORT must be a port number"),
     ({"BEAR_ESTIMATOR_METRICS_PORT": "nine"}, "BEAR_ESTIMATOR_METRICS_PORT must be an integer"),
     ({"BEAR_PREDICTOR_MODEL_DIR": "/does/not/exist"}, "BEAR_PREDICTOR_MODEL_DIR: /does/not/exist is not a dir"),
+    ({"BEAR_PREDICTOR_MODEL_DIR": "/tmp/" + "a" * 300}, "BEAR_PREDICTOR_MODEL_DIR: /tmp/a+: File name too long"),
     ({"BEAR_DISCOVERY": "consul"}, "BEAR_DISCOVERY must be one of"),
     ({"BEAR_ESTIMATOR_FORGET_AFTER_S": "0.5"}, "BEAR_ESTIMATOR_FORGET_AFTER_S must be >= BEAR_ESTIMATOR_RESYNC_S"),
     ({"BEAR_PREDICTOR_ADDRESS": "https://predictor:443"}, "BEAR_PREDICTOR_ADDRESS is a gRPC address"),
