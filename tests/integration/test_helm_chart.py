@@ -44,6 +44,11 @@ def _pool(**fields: Any) -> dict[str, Any]:
             "prices": {"inputPerMTokens": 0.1, "outputPerMTokens": 0.2}, **fields}
 
 
+def _artifact_on_a_claim(sub_path: str) -> dict[str, Any]:
+    return {"predictor": {"artifact": {"source": "persistentVolumeClaim",
+                                       "persistentVolumeClaim": {"claimName": "artifacts", "subPath": sub_path}}}}
+
+
 # name → (values files, values on top)
 GOOD_CASES: dict[str, tuple[list[str], dict[str, Any]]] = {
     "default": ([], {}),
@@ -96,8 +101,10 @@ GOOD_CASES: dict[str, tuple[list[str], dict[str, Any]]] = {
         _pool(name="cpu", gpusPerReplica=0)]}),
     "pipeline-parallel-short-flag": ([], {"vllm": {"extraArgs": ["-pp=4"]}, "pools": [
         _pool(name="a", gpusPerReplica=8, tensorParallelSize=2)]}),
-    "service-extra-args": ([], {"router": {"extraArgs": ["--call-streams=off"]},
-                                "estimator": {"extraArgs": ["--config", "/etc/bear/estimator.yaml"]}}),
+    # --host: the chart leaves the listen address to the services (QA: refused as "a flag the chart sets")
+    "service-extra-args": ([], {"router": {"extraArgs": ["--call-streams=off", "--host", "0.0.0.0"]},
+                                "estimator": {"extraArgs": ["--config", "/etc/bear/estimator.yaml"]},
+                                "predictor": {"extraArgs": ["--host=0.0.0.0"]}}),
     "extra-env-in-place-of-the-charts": ([], {
         "vllm": {"env": [{"name": "HF_HOME", "value": "/models/hf"}, {"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}],
                  "snapshotter": {"env": [{"name": "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS", "value": "2"}]}},
@@ -132,6 +139,42 @@ GOOD_CASES: dict[str, tuple[list[str], dict[str, Any]]] = {
                                                                       "configMap": {"name": "bear.predictor-v3"}}}}),
     # values.yaml documents null (Helm then drops the key) as meaningful for these: no block, vLLM's default, no probe,
     # the default cache volume, tracing off
+    # vLLM's world size is TP x PP x PCP; DCP reuses those ranks (QA: PCP was left out of the GPU count)
+    "prefill-context-parallel": ([], {"vllm": {"extraArgs": ["--prefill-context-parallel-size", "2", "-pp=2",
+                                                             "-dcp", "2"]},
+                                      "pools": [_pool(name="a", gpusPerReplica=8, tensorParallelSize=2)]}),
+    "prefill-context-parallel-short-flag": ([], {"vllm": {"extraArgs": ["-pcp=4"]}, "pools": [
+        _pool(name="a", gpusPerReplica=4)]}),
+    "prefill-context-parallel-abbreviated": ([], {"vllm": {"extraArgs": ["--prefill_c", "2", "-dcp=2"]}, "pools": [
+        _pool(name="a", gpusPerReplica=4, tensorParallelSize=2)]}),
+    # (QA: Helm reads the values' numbers as floats: 1000000 rendered 1e+06)
+    "large-whole-numbers": ([], {
+        "vllm": {"terminationGracePeriodSeconds": 1_000_000, "preStopSleepSeconds": 999_999,
+                 "shmSizeLimit": 17_179_869_184, "podDisruptionBudget": {"enabled": True, "maxUnavailable": 2_000_000}},
+        "router": {"replicas": 1_000_000, "podDisruptionBudget": {"enabled": True, "maxUnavailable": 1_000_000}},
+        "estimator": {"autoscaling": {"enabled": True, "minReplicas": 1_000_000, "maxReplicas": 2_000_000}},
+        "redis": {"persistence": {"enabled": True, "size": 10_737_418_240}},
+        "pools": [_pool(replicas=1_000_000, gpusPerReplica=0,
+                        engine={"maxNumBatchedTokens": 10_000_000, "maxNumSeqs": 1_000_000,
+                                "maxModelLen": 10_000_000})]}),
+    "snapshot-settings-through-env-at-their-bounds": ([], {
+        "estimator": {"env": [{"name": "BEAR_MAX_SNAPSHOT_AGE_S", "value": "3600"}]},
+        "vllm": {"snapshotter": {"env": [{"name": "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS", "value": "60000"},
+                                         {"name": "BEAR_SNAPSHOT_REFRESH_S", "value": "0.01"},
+                                         {"name": "BEAR_SNAPSHOT_TTL_S", "value": "86400"}]}}}),
+    # names Kubernetes and the snapshotter take: a '..' inside a name is no parent folder
+    "artifact-subpath-and-region-with-dots": ([], {
+        **_artifact_on_a_claim("releases/..v3/./.model"),
+        "vllm": {"snapshotter": {"region": "..bear" + "-" * 194}}}),
+    "network-policy-peers-of-every-kind": ([], {"networkPolicy": {
+        "routerFrom": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}],
+        "engineFrom": [{"namespaceSelector": {"matchLabels": {"team": "apps"}}, "podSelector": {}}],
+        "metricsFrom": [{"podSelector": {"matchLabels": {"app": "prometheus"}}}]}}),
+    # forms BEAR's services accept (bear.common.redis_config): the scheme in capitals, a password with an @, an IPv6
+    # zone, a percent-encoded database, a fragment, an empty port
+    "redis-url-in-capitals-with-an-ipv6-zone": ([], {"redis": {
+        "enabled": False, "url": "REDISS://user:p@ss@[fe80::1%25eth0]:6380?db=%31#primary"}}),
+    "redis-url-with-an-empty-port": ([], {"redis": {"enabled": False, "url": "redis://redis.cache:/0"}}),
     "documented-nulls": ([], {"predictor": {"resources": None}, "redis": {"resources": None},
                               "vllm": {"livenessProbe": None, "cacheVolume": None, "snapshotter": {"resources": None}},
                               "otel": {"endpoint": None},
@@ -222,6 +265,33 @@ SCHEMA_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
     "disruption-budget-max-unavailable-null": ({"vllm": {"podDisruptionBudget": {"enabled": True,
                                                                                   "maxUnavailable": None}}},
                                                "'/vllm/podDisruptionBudget': missing property 'maxUnavailable'"),
+    # (QA: Kubernetes refuses these subPaths; the chart rendered them)
+    "artifact-subpath-absolute": (_artifact_on_a_claim("/predictor/v3"),
+                                  "'/predictor/artifact/persistentVolumeClaim/subPath': '/predictor/v3' does not"),
+    "artifact-subpath-climbing-out": (_artifact_on_a_claim("predictor/../../etc"),
+                                      "/predictor/artifact/persistentVolumeClaim/subPath"),
+    "artifact-subpath-parent": (_artifact_on_a_claim(".."), "/predictor/artifact/persistentVolumeClaim/subPath"),
+    # (QA: ".." became /dev/shm/..)
+    "snapshot-region-parent": ({"vllm": {"snapshotter": {"region": ".."}}}, "'/vllm/snapshotter/region': '..' does"),
+    "snapshot-region-dot": ({"vllm": {"snapshotter": {"region": "."}}}, "'/vllm/snapshotter/region': '.' does"),
+    "snapshot-region-over-200-characters": ({"vllm": {"snapshotter": {"region": "a" * 201}}},
+                                            "/vllm/snapshotter/region"),
+    # (QA: each rendered a NetworkPolicy the API server refuses)
+    "network-peer-misspelt-key": ({"networkPolicy": {"routerFrom": [{"namespaceSelecter": {"matchLabels": {
+        "team": "apps"}}}]}}, "additional properties 'namespaceSelecter' not allowed"),
+    "network-peer-a-whole-rule": ({"networkPolicy": {"metricsFrom": [{"from": [{"namespaceSelector": {}}]}]}},
+                                  "additional properties 'from' not allowed"),
+    "network-peer-a-string": ({"networkPolicy": {"engineFrom": ["10.0.0.0/8"]}},
+                              "'/networkPolicy/engineFrom/0': got string, want object"),
+    "network-peer-empty": ({"networkPolicy": {"engineFrom": [{}]}},
+                           "'/networkPolicy/engineFrom/0': missing property 'ipBlock'"),
+    "network-peer-ip-block-without-cidr": ({"networkPolicy": {"routerFrom": [{"ipBlock": {"except": ["10.1/16"]}}]}},
+                                           "'/networkPolicy/routerFrom/0/ipBlock': missing property 'cidr'"),
+    "network-peer-ip-block-with-a-selector": ({"networkPolicy": {"routerFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"},
+                                                                                "podSelector": {}}]}},
+                                              "'/networkPolicy/routerFrom/0': 'not' failed"),
+    "redis-url-percent-encoded-database-not-a-number": ({"redis": {"enabled": False, "url": "redis://r?db=%41"}},
+                                                        "/redis/url"),
     "autoscaling-min-replicas-null": ({"estimator": {"autoscaling": {"enabled": True, "minReplicas": None}}},
                                       "'/estimator/autoscaling': missing property 'minReplicas'"),
 }
@@ -269,11 +339,13 @@ TEMPLATE_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
                                    "vllm": {"extraArgs": ["--max_num_seqs", "128"]}},
                                   "vllm.extraArgs: --max_num_seqs is a flag the chart sets for pools[p]"),
     "gpus-left-idle": ({"pools": [_pool(gpusPerReplica=8, tensorParallelSize=4)]},
-                       "pools[p]: gpusPerReplica (8) is not tensorParallelSize (4) x the pipeline-parallel size of "
-                       "vllm.extraArgs (1): vLLM would use 4 GPUs"),
+                       "pools[p]: gpusPerReplica (8) is not tensorParallelSize (4) x the pipeline-parallel size (1) x "
+                       "the prefill-context-parallel size (1) of vllm.extraArgs: vLLM would use 4 GPUs of each pod and "
+                       "leave the others idle"),
     "gpus-short-of-the-pipeline": ({"vllm": {"extraArgs": ["--pipeline_parallel_size=2"]}, "pools": [_pool()]},
-                                   "gpusPerReplica (1) is not tensorParallelSize (1) x the pipeline-parallel size of "
-                                   "vllm.extraArgs (2)"),
+                                   "gpusPerReplica (1) is not tensorParallelSize (1) x the pipeline-parallel size (2) "
+                                   "x the prefill-context-parallel size (1) of vllm.extraArgs: vLLM would need 2 GPUs, "
+                                   "more than each pod has, and fail to start"),
     "extra-args-flag-and-value-in-one-item": ({"vllm": {"extraArgs": ["--max-num-seqs 32"]}},
                                               'vllm.extraArgs: "--max-num-seqs 32" is a flag and its value in one'),
     "router-extra-args-port": ({"router": {"extraArgs": ["--grpc-port=9000"]}},
@@ -320,7 +392,7 @@ TEMPLATE_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
                                              "vllm.extraArgs: --data-parallel-s=2: BEAR's snapshotter observes"),
     "gpus-short-of-an-abbreviated-pipeline": ({"vllm": {"extraArgs": ["--pipeline-parallel=2"]}, "pools": [_pool()]},
                                               "gpusPerReplica (1) is not tensorParallelSize (1) x the "
-                                              "pipeline-parallel size of vllm.extraArgs (2)"),
+                                              "pipeline-parallel size (2) x"),
     "poll-interval-in-the-sidecar-env-within-the-snapshot-age": (
         {"vllm": {"snapshotter": {"env": [{"name": "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS", "value": "2000"}]}}},
         "estimator.maxSnapshotAgeSeconds (1) must exceed the snapshotters' read interval "
@@ -344,6 +416,46 @@ TEMPLATE_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
                                            "it): set vllm.snapshotter.region instead"),
     "bundled-redis-with-a-url": ({"redis": {"enabled": True, "url": "redis://redis.cache:6379/0"}},
                                  "redis.url is set, but redis.enabled=true deploys the bundled Redis"),
+    "gpus-short-of-the-prefill-context-parallel": (
+        {"vllm": {"extraArgs": ["-pcp", "2"]}, "pools": [_pool()]},
+        "pools[p]: gpusPerReplica (1) is not tensorParallelSize (1) x the pipeline-parallel size (1) x the "
+        "prefill-context-parallel size (2)"),
+    "gpus-short-of-an-abbreviated-prefill-context-parallel": (
+        {"vllm": {"extraArgs": ["-pc", "2", "--pipeline-parallel-size=2"]},
+         "pools": [_pool(gpusPerReplica=4, tensorParallelSize=2)]},
+        "gpusPerReplica (4) is not tensorParallelSize (2) x the pipeline-parallel size (2) x the "
+        "prefill-context-parallel size (2) of vllm.extraArgs: vLLM would need 8 GPUs"),
+    # an env value skips the schema's bounds on the same setting (QA: the pods crash-looped at start)
+    "poll-interval-in-the-sidecar-env-zero": (
+        {"vllm": {"snapshotter": {"env": [{"name": "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS", "value": "0"}]}}},
+        "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS in vllm.snapshotter.env (0) must be > 0 and at most 60000"),
+    "poll-interval-in-the-sidecar-env-over-a-minute": (
+        {"estimator": {"maxSnapshotAgeSeconds": 3600},
+         "vllm": {"snapshotter": {"env": [{"name": "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS", "value": "120000"}]}}},
+        "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS in vllm.snapshotter.env (120000) must be > 0 and at most 60000"),
+    "snapshot-age-in-the-estimator-env-over-an-hour": (
+        {"estimator": {"env": [{"name": "BEAR_MAX_SNAPSHOT_AGE_S", "value": "7200"}]}},
+        "BEAR_MAX_SNAPSHOT_AGE_S in estimator.env (7200) must be > 0 and at most 3600"),
+    # (QA: beyond a float's range, the value was shown as 0)
+    "snapshot-age-in-the-estimator-env-beyond-a-float": (
+        {"estimator": {"env": [{"name": "BEAR_MAX_SNAPSHOT_AGE_S", "value": "1e400"}]}},
+        "BEAR_MAX_SNAPSHOT_AGE_S in estimator.env (1e400) must be > 0 and at most 3600"),
+    "poll-interval-in-the-sidecar-env-below-a-float": (
+        {"vllm": {"snapshotter": {"env": [{"name": "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS", "value": "-1e400"}]}}},
+        "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS in vllm.snapshotter.env (-1e400) must be > 0"),
+    "refresh-in-the-sidecar-env-below-its-minimum": (
+        {"vllm": {"snapshotter": {"env": [{"name": "BEAR_SNAPSHOT_REFRESH_S", "value": "0.001"}]}}},
+        "BEAR_SNAPSHOT_REFRESH_S in vllm.snapshotter.env (0.001) must be at least 0.01 (seconds) and below the "
+        "snapshot TTL (BEAR_SNAPSHOT_TTL_S, 10 s)"),
+    "refresh-in-the-sidecar-env-not-below-the-ttl": (
+        {"estimator": {"maxSnapshotAgeSeconds": 5},
+         "vllm": {"snapshotter": {"env": [{"name": "BEAR_SNAPSHOT_REFRESH_S", "value": "2"},
+                                          {"name": "BEAR_SNAPSHOT_TTL_S", "value": "2"}]}}},
+        "BEAR_SNAPSHOT_REFRESH_S in vllm.snapshotter.env (2) must be at least 0.01 (seconds) and below the snapshot "
+        "TTL (BEAR_SNAPSHOT_TTL_S, 2 s)"),
+    "ttl-in-the-sidecar-env-below-a-second": (
+        {"vllm": {"snapshotter": {"env": [{"name": "BEAR_SNAPSHOT_TTL_S", "value": "0.5"}]}}},
+        "BEAR_SNAPSHOT_TTL_S in vllm.snapshotter.env (0.5) must be at least 1 and at most 86400"),
     "batch-budget-below-max-num-seqs": ({"pools": [_pool(engine={"maxNumBatchedTokens": 256, "maxNumSeqs": 1024})]},
                                         "pools[p]: engine.maxNumBatchedTokens (256) is below engine.maxNumSeqs (1024): "
                                         "vLLM refuses to start"),
@@ -968,7 +1080,10 @@ def test_a_pod_gets_the_gpus_of_its_tensor_and_pipeline_parallelism(reports: dic
     for case, expected in (("pipeline-parallel", {"a": (8, "4"), "b": (2, "1"), "cpu": (None, None)}),
                            ("pipeline-parallel-short-flag", {"a": (8, "2")}),
                            ("pipeline-parallel-abbreviated", {"a": (4, "2")}),
-                           ("pipeline-parallel-shortest-abbreviation", {"a": (4, "1")})):
+                           ("pipeline-parallel-shortest-abbreviation", {"a": (4, "1")}),
+                           ("prefill-context-parallel", {"a": (8, "2")}),
+                           ("prefill-context-parallel-short-flag", {"a": (4, "1")}),
+                           ("prefill-context-parallel-abbreviated", {"a": (4, "2")})):
         for pool, (gpus, tensor_parallel) in expected.items():
             vllm = container(engines(reports[case])[pool], "vllm")
             assert vllm.get("resources", {}).get("limits", {}).get("nvidia.com/gpu") == gpus, (case, pool)
@@ -1068,3 +1183,49 @@ def test_on_ipv6_pods_vllm_listens_on_every_ipv6_address_and_pod_addresses_are_b
                 assert flag(vllm["args"], "--host") == "0.0.0.0"
                 assert sidecar["BEAR_INSTANCE_ENDPOINT"] == "http://$(POD_IP):8000"
                 assert sidecar["BEAR_SNAPSHOTTER_ENDPOINT"] == "$(POD_IP):50071"
+
+
+def test_whole_numbers_are_written_out_in_full(reports: dict[str, Any]) -> None:
+    """Helm reads the values' numbers as floats, which print 1000000 as 1e+06 (QA: an invalid grace period)."""
+    report = reports["large-whole-numbers"]
+    (engine,) = engines(report).values()
+    pod = engine["spec"]["template"]["spec"]
+    assert engine["spec"]["replicas"] == 1_000_000 and pod["terminationGracePeriodSeconds"] == 1_000_000
+    vllm = container(engine, "vllm")
+    assert vllm["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "999999"]
+    assert [flag(vllm["args"], f) for f in ("--max-num-batched-tokens", "--max-num-seqs", "--max-model-len")] == [
+        "10000000", "1000000", "10000000"]
+    (shm,) = [v for v in pod["volumes"] if v["name"] == "dshm"]
+    assert shm["emptyDir"]["sizeLimit"] == 17_179_869_184
+    budgets = {b["metadata"]["labels"]["app.kubernetes.io/component"]: b["spec"]["maxUnavailable"]
+               for b in of_kind(report, "PodDisruptionBudget").values()}
+    assert budgets["engine"] == 2_000_000 and budgets["router"] == 1_000_000
+    assert component(report, "Deployment", "router")["spec"]["replicas"] == 1_000_000
+    autoscaler = component(report, "HorizontalPodAutoscaler", "estimator")["spec"]
+    assert (autoscaler["minReplicas"], autoscaler["maxReplicas"]) == (1_000_000, 2_000_000)
+    claim = component(report, "StatefulSet", "redis")["spec"]["volumeClaimTemplates"][0]
+    assert claim["spec"]["resources"]["requests"]["storage"] == 10_737_418_240
+    assert "e+" not in "".join(t for name, t in report["manifests"].items() if name.endswith(".yaml"))
+
+
+def test_redis_urls_the_services_accept_are_accepted_and_tls_follows_the_scheme_in_any_case(
+        reports: dict[str, Any]) -> None:
+    from bear.common.redis_config import RedisConfig
+
+    for case, tls in (("redis-url-in-capitals-with-an-ipv6-zone", "true"), ("redis-url-with-an-empty-port", None)):
+        router = env(container(component(reports[case], "Deployment", "router"), "router"))
+        RedisConfig(url=router["BEAR_REDIS_URL"])  # the router's own check
+        assert router.get("BEAR_REDIS_TLS") == tls, case
+    for case in ("redis-url-percent-encoded-database-not-a-number", "redis-url-database-not-a-number"):
+        with pytest.raises(ValueError, match="the database must be a number"):  # refused by the services too
+            RedisConfig(url=SCHEMA_REFUSALS[case][0]["redis"]["url"])
+
+
+def test_network_policy_peers_are_rendered_as_given(reports: dict[str, Any]) -> None:
+    report = reports["network-policy-peers-of-every-kind"]
+    given = GOOD_CASES["network-policy-peers-of-every-kind"][1]["networkPolicy"]
+    rules = {(p["metadata"]["labels"]["app.kubernetes.io/component"], r["ports"][0]["port"]): r.get("from")
+             for p in of_kind(report, "NetworkPolicy").values() for r in p["spec"]["ingress"]}
+    assert rules[("router", 50051)] == given["routerFrom"]
+    assert rules[("engine", 8000)] == given["engineFrom"] + given["metricsFrom"]
+    assert rules[("engine", 9465)] == rules[("router", 9464)] == given["metricsFrom"]

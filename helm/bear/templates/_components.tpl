@@ -2,9 +2,9 @@
 
 {{- define "bear.routerEnv" -}}
 - name: BEAR_ESTIMATOR_ADDRESS
-  value: {{ printf "%s:%v" (include "bear.componentName" (dict "root" . "component" "estimator")) .Values.estimator.grpcPort | quote }}
+  value: {{ printf "%s:%v" (include "bear.componentName" (dict "root" . "component" "estimator")) (int64 .Values.estimator.grpcPort) | quote }}
 - name: BEAR_PREDICTOR_ADDRESS
-  value: {{ printf "%s:%v" (include "bear.componentName" (dict "root" . "component" "predictor")) .Values.predictor.grpcPort | quote }}
+  value: {{ printf "%s:%v" (include "bear.componentName" (dict "root" . "component" "predictor")) (int64 .Values.predictor.grpcPort) | quote }}
 - name: BEAR_DEFAULT_POLICY
   value: {{ .Values.router.defaultPolicy | quote }}
 {{ include "bear.discoveryEnv" . }}
@@ -14,7 +14,7 @@
 - name: BEAR_MAX_SNAPSHOT_AGE_S
   value: {{ .Values.estimator.maxSnapshotAgeSeconds | toString | quote }}
 - name: BEAR_PREDICTOR_ADDRESS
-  value: {{ printf "%s:%v" (include "bear.componentName" (dict "root" . "component" "predictor")) .Values.predictor.grpcPort | quote }}
+  value: {{ printf "%s:%v" (include "bear.componentName" (dict "root" . "component" "predictor")) (int64 .Values.predictor.grpcPort) | quote }}
 {{ include "bear.discoveryEnv" . }}
 {{- end -}}
 
@@ -112,16 +112,16 @@
 - name: BEAR_MODEL
   value: {{ .model | quote }}
 - name: BEAR_INSTANCE_ENDPOINT
-  value: {{ printf "http://%s:%v" (include "bear.podIPInAddress" $root) $root.Values.vllm.port | quote }}
+  value: {{ printf "http://%s:%v" (include "bear.podIPInAddress" $root) (int64 $root.Values.vllm.port) | quote }}
 # Registered once vLLM answers /health, withdrawn within about a second when it stops.
 - name: BEAR_ENGINE_HEALTH_URL
-  value: {{ printf "http://localhost:%v/health" $root.Values.vllm.port | quote }}
+  value: {{ printf "http://localhost:%v/health" (int64 $root.Values.vllm.port) | quote }}
 {{- /* No prices: the router and the estimator take them from the pools file (a change rolls them, not the GPU pods,
 whose restart reloads the weights); the sidecar's registration would only repeat them. */}}
 - name: BEAR_SNAPSHOTTER_GRPC_PORT
-  value: {{ $snapshotter.grpcPort | quote }}
+  value: {{ $snapshotter.grpcPort | int64 | quote }}
 - name: BEAR_SNAPSHOTTER_ENDPOINT
-  value: {{ printf "%s:%v" (include "bear.podIPInAddress" $root) $snapshotter.grpcPort | quote }}
+  value: {{ printf "%s:%v" (include "bear.podIPInAddress" $root) (int64 $snapshotter.grpcPort) | quote }}
 - name: BEAR_SNAPSHOTTER_POLL_INTERVAL_MS
   value: {{ $snapshotter.pollIntervalMs | quote }}
 {{ include "bear.redisEnv" $root }}

@@ -157,6 +157,16 @@ that number: Go writes 1e-07, which YAML 1.1 takes for a string until its mantis
 {{- end -}}
 {{- end -}}
 
+{{/* A value that is a whole number or a string (a Kubernetes quantity, a percentage): the number written out in
+full (Helm reads the values' numbers as floats, which print 1000000 as 1e+06), the string quoted. */}}
+{{- define "bear.intOrString" -}}
+{{- if kindIs "string" . -}}
+{{- quote . -}}
+{{- else -}}
+{{- int64 . -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "bear.redisUrl" -}}
 {{- if .Values.redis.enabled -}}
 {{- printf "redis://%s:6379/0" (include "bear.redisName" .) -}}
@@ -190,9 +200,10 @@ that number: Go writes 1e-07, which YAML 1.1 takes for a string until its mantis
       fieldPath: spec.nodeName
 {{- end -}}
 
-{{/* "true" when BEAR talks TLS to Redis: redis.tls.enabled, or a rediss:// URL (as bear.common.redis_config reads it). */}}
+{{/* "true" when BEAR talks TLS to Redis: redis.tls.enabled, or a rediss:// URL, its scheme in any case (as Redis's
+client reads it; the chart then sets BEAR_REDIS_TLS, so that bear.common.redis_config reads it so too). */}}
 {{- define "bear.redisUsesTls" -}}
-{{- if or .Values.redis.tls.enabled (hasPrefix "rediss://" (include "bear.redisUrl" .)) -}}
+{{- if or .Values.redis.tls.enabled (hasPrefix "rediss://" (lower (include "bear.redisUrl" .))) -}}
 true
 {{- end -}}
 {{- end -}}
@@ -319,7 +330,7 @@ whose vLLM metrics are to be scraped instead). (dict "root" $ "port" 9464 "extra
 {{- $annotations := dict -}}
 {{- if .root.Values.metrics.scrapeAnnotations -}}
 {{- $_ := set $annotations "prometheus.io/scrape" "true" -}}
-{{- $_ := set $annotations "prometheus.io/port" (toString .port) -}}
+{{- $_ := set $annotations "prometheus.io/port" (toString (int64 .port)) -}}
 {{- $_ := set $annotations "prometheus.io/path" "/metrics" -}}
 {{- end -}}
 {{- $annotations = merge (deepCopy (default (dict) .extra)) $annotations -}}
@@ -362,7 +373,10 @@ whose vLLM metrics are to be scraped instead). (dict "root" $ "port" 9464 "extra
 {{- end -}}
 {{- include "bear.validateSnapshotAge" . -}}
 {{- include "bear.validateEngineEnv" . -}}
-{{- $pipelineParallel := int (include "bear.pipelineParallelSize" .Values.vllm.extraArgs) -}}
+{{- $pipelineParallel := include "bear.extraArgsSize" (dict "args" .Values.vllm.extraArgs
+  "long" "--pipeline-parallel-size" "from" "--pi" "short" (list "-pp")) | int -}}
+{{- $contextParallel := include "bear.extraArgsSize" (dict "args" .Values.vllm.extraArgs
+  "long" "--prefill-context-parallel-size" "from" "--prefill-c" "short" (list "-pcp" "-pc")) | int -}}
 {{- $names := list -}}
 {{- range .Values.pools -}}
 {{- if has .name $names -}}
@@ -382,9 +396,13 @@ whose vLLM metrics are to be scraped instead). (dict "root" $ "port" 9464 "extra
 {{- if and (gt $gpus 0) (ne (mod $gpus $tensorParallel) 0) -}}
 {{- fail (printf "pools[%s]: tensorParallelSize (%v) does not divide gpusPerReplica (%v)" .name .tensorParallelSize .gpusPerReplica) -}}
 {{- end -}}
-{{- $used := mul $tensorParallel $pipelineParallel -}}
+{{- $used := mul $tensorParallel $pipelineParallel $contextParallel -}}
 {{- if and (gt $gpus 0) (ne $gpus (int $used)) -}}
-{{- fail (printf "pools[%s]: gpusPerReplica (%v) is not tensorParallelSize (%v) x the pipeline-parallel size of vllm.extraArgs (%v): vLLM would use %v GPUs of each pod and leave the others idle" .name .gpusPerReplica $tensorParallel $pipelineParallel $used) -}}
+{{- $outcome := printf "need %v GPUs, more than each pod has, and fail to start" $used -}}
+{{- if lt (int $used) $gpus -}}
+{{- $outcome = printf "use %v GPUs of each pod and leave the others idle" $used -}}
+{{- end -}}
+{{- fail (printf "pools[%s]: gpusPerReplica (%v) is not tensorParallelSize (%v) x the pipeline-parallel size (%v) x the prefill-context-parallel size (%v) of vllm.extraArgs: vLLM would %s" .name (int64 .gpusPerReplica) $tensorParallel $pipelineParallel $contextParallel $outcome) -}}
 {{- end -}}
 {{- end -}}
 {{- range $component := list "router" "estimator" "predictor" -}}
@@ -407,7 +425,7 @@ whose vLLM metrics are to be scraped instead). (dict "root" $ "port" 9464 "extra
 {{- end -}}
 {{- end -}}
 {{- if and .Values.vllm.preStopSleepSeconds (ge (int .Values.vllm.preStopSleepSeconds) (int .Values.vllm.terminationGracePeriodSeconds)) -}}
-{{- fail (printf "vllm.preStopSleepSeconds (%v) must be shorter than vllm.terminationGracePeriodSeconds (%v), which counts from the pod's deletion: vLLM would be killed without a SIGTERM, its requests cut off" .Values.vllm.preStopSleepSeconds .Values.vllm.terminationGracePeriodSeconds) -}}
+{{- fail (printf "vllm.preStopSleepSeconds (%v) must be shorter than vllm.terminationGracePeriodSeconds (%v), which counts from the pod's deletion: vLLM would be killed without a SIGTERM, its requests cut off" (int64 .Values.vllm.preStopSleepSeconds) (int64 .Values.vllm.terminationGracePeriodSeconds)) -}}
 {{- end -}}
 {{- end -}}
 
@@ -478,9 +496,9 @@ extraArgs must not set again (a flag wins over the environment: the Service, the
 would say otherwise): (dict "component" "router" "args" $.Values.router.extraArgs) */}}
 {{- define "bear.validateServiceArgs" -}}
 {{- $owned := dict
-  "router" (list "--host" "--grpc-port" "--metrics-port" "--redis-url" "--estimator-address" "--predictor-address" "--default-policy" "--pools-file")
-  "estimator" (list "--host" "--grpc-port" "--metrics-port" "--redis-url" "--max-snapshot-age-s" "--predictor-address" "--pools-file")
-  "predictor" (list "--host" "--grpc-port" "--metrics-port" "--model-dir") -}}
+  "router" (list "--grpc-port" "--metrics-port" "--redis-url" "--estimator-address" "--predictor-address" "--default-policy" "--pools-file")
+  "estimator" (list "--grpc-port" "--metrics-port" "--redis-url" "--max-snapshot-age-s" "--predictor-address" "--pools-file")
+  "predictor" (list "--grpc-port" "--metrics-port" "--model-dir") -}}
 {{- $field := printf "%s.extraArgs" .component -}}
 {{- range .args -}}
 {{- include "bear.checkArgShape" (dict "field" $field "arg" .) -}}
@@ -506,16 +524,21 @@ program as a single unknown flag: (dict "field" "vllm.extraArgs" "arg" $arg) */}
 {{- end -}}
 {{- end -}}
 
-{{/* vLLM's --pipeline-parallel-size (-pp) as vllm.extraArgs sets it for every pool, 1 where it does not: the GPUs
-of a pool's pod are its tensorParallelSize times this. Abbreviated too, as vLLM's parser reads it: any prefix from
---pi on (no other flag of vLLM 0.32 starts so). Takes vllm.extraArgs. */}}
-{{- define "bear.pipelineParallelSize" -}}
+{{/* A size that vllm.extraArgs sets for every pool through one flag, 1 where it does not: `long` in full or by a
+prefix from `from` on (vLLM's parser takes any unambiguous prefix; no other flag of vLLM 0.32 starts so), or one of
+the `short` forms. The GPUs of a pool's pod are its tensorParallelSize times the pipeline-parallel size
+(--pipeline-parallel-size, -pp; from --pi) times the prefill-context-parallel size (--prefill-context-parallel-size,
+-pcp or -pc; from --prefill-c), as vLLM's world size counts them; the decode-context-parallel size (-dcp) reuses
+those ranks and adds none: (dict "args" $.Values.vllm.extraArgs "long" "--pipeline-parallel-size" "from" "--pi"
+"short" (list "-pp")) */}}
+{{- define "bear.extraArgsSize" -}}
 {{- $size := 1 -}}
-{{- $args := . -}}
+{{- $args := .args -}}
+{{- $spec := . -}}
 {{- range $i, $arg := $args -}}
 {{- $parts := splitList "=" (toString $arg) -}}
 {{- $flag := include "bear.flagName" $arg -}}
-{{- if or (eq $flag "-pp") (and (hasPrefix "--pi" $flag) (hasPrefix $flag "--pipeline-parallel-size")) -}}
+{{- if or (has $flag $spec.short) (and (hasPrefix $spec.from $flag) (hasPrefix $flag $spec.long)) -}}
 {{- if gt (len $parts) 1 -}}
 {{- $size = int (index $parts 1) -}}
 {{- else if lt (add1 $i) (len $args) -}}
@@ -526,38 +549,61 @@ of a pool's pod are its tensorParallelSize times this. Abbreviated too, as vLLM'
 {{- max $size 1 -}}
 {{- end -}}
 
-{{/* The estimator's age limit must exceed the interval at which the snapshotters republish an idle engine's state
-(BEAR_SNAPSHOT_REFRESH_S, 0.5 s unless vllm.snapshotter.env says otherwise) and the one at which they read the engine
-(vllm.snapshotter.pollIntervalMs): instances would fall back to LPS between two refreshes or reads. Each setting as
-the service gets it: from the `env` entry that replaces the chart's where there is one. */}}
+{{/* The snapshot settings as the services get them, each from the `env` entry that replaces the chart's where
+there is one, held to the bounds the services put on them (an `env` value skips the schema's, and a service that
+refuses its setting crash-loops): the estimator's age limit (BEAR_MAX_SNAPSHOT_AGE_S, as
+estimator.maxSnapshotAgeSeconds: > 0, at most 3600) and the snapshotters' read interval
+(BEAR_SNAPSHOTTER_POLL_INTERVAL_MS, as vllm.snapshotter.pollIntervalMs: > 0, at most 60000), idle refresh
+(BEAR_SNAPSHOT_REFRESH_S, 0.5 s: at least 0.01 and below BEAR_SNAPSHOT_TTL_S) and TTL (BEAR_SNAPSHOT_TTL_S, 10 s:
+1 to 86400). The age limit must exceed the idle refresh and the read interval: instances would fall back to LPS
+between two refreshes or reads. */}}
 {{- define "bear.validateSnapshotAge" -}}
 {{- $snapshotter := .Values.vllm.snapshotter -}}
 {{- $age := include "bear.numberSetting" (dict "env" .Values.estimator.env "envField" "estimator.env" "name" "BEAR_MAX_SNAPSHOT_AGE_S" "value" .Values.estimator.maxSnapshotAgeSeconds "field" "estimator.maxSnapshotAgeSeconds") | fromJson -}}
 {{- $refresh := include "bear.numberSetting" (dict "env" $snapshotter.env "envField" "vllm.snapshotter.env" "name" "BEAR_SNAPSHOT_REFRESH_S" "value" 0.5 "field" "BEAR_SNAPSHOT_REFRESH_S") | fromJson -}}
+{{- $ttl := include "bear.numberSetting" (dict "env" $snapshotter.env "envField" "vllm.snapshotter.env" "name" "BEAR_SNAPSHOT_TTL_S" "value" 10 "field" "BEAR_SNAPSHOT_TTL_S") | fromJson -}}
 {{- $pollMs := include "bear.numberSetting" (dict "env" $snapshotter.env "envField" "vllm.snapshotter.env" "name" "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS" "value" (default 5 $snapshotter.pollIntervalMs) "field" "vllm.snapshotter.pollIntervalMs") | fromJson -}}
+{{- if not (and (gt $age.value 0.0) (le $age.value 3600.0)) -}}
+{{- fail (printf "%s (%s) must be > 0 and at most 3600 (seconds), as the estimator requires" $age.field $age.shown) -}}
+{{- end -}}
+{{- if not (and (gt $pollMs.value 0.0) (le $pollMs.value 60000.0)) -}}
+{{- fail (printf "%s (%s) must be > 0 and at most 60000 (milliseconds), as the snapshotter requires" $pollMs.field $pollMs.shown) -}}
+{{- end -}}
+{{- if not (and (ge $ttl.value 1.0) (le $ttl.value 86400.0)) -}}
+{{- fail (printf "%s (%s) must be at least 1 and at most 86400 (seconds), as the snapshotter requires" $ttl.field $ttl.shown) -}}
+{{- end -}}
+{{- if not (and (ge $refresh.value 0.01) (lt $refresh.value $ttl.value)) -}}
+{{- fail (printf "%s (%s) must be at least 0.01 (seconds) and below the snapshot TTL (BEAR_SNAPSHOT_TTL_S, %s s), as the snapshotter requires" $refresh.field $refresh.shown $ttl.shown) -}}
+{{- end -}}
 {{- if le $age.value $refresh.value -}}
-{{- fail (printf "%s (%v) must exceed the snapshotters' idle refresh interval (BEAR_SNAPSHOT_REFRESH_S, %v s): an idle instance's snapshot is that old before its next refresh, and would fall back to LPS" $age.field $age.value $refresh.value) -}}
+{{- fail (printf "%s (%s) must exceed the snapshotters' idle refresh interval (BEAR_SNAPSHOT_REFRESH_S, %s s): an idle instance's snapshot is that old before its next refresh, and would fall back to LPS" $age.field $age.shown $refresh.shown) -}}
 {{- end -}}
 {{- $poll := divf $pollMs.value 1000 -}}
 {{- if le $age.value $poll -}}
-{{- fail (printf "%s (%v) must exceed the snapshotters' read interval (%s, %v s): a snapshot is that old before the next read, and would fall back to LPS" $age.field $age.value $pollMs.field $poll) -}}
+{{- fail (printf "%s (%s) must exceed the snapshotters' read interval (%s, %v s): a snapshot is that old before the next read, and would fall back to LPS" $age.field $age.shown $pollMs.field $poll) -}}
 {{- end -}}
 {{- end -}}
 
-{{/* A numeric setting as its service gets it, as JSON {"value": the number, "field": where it is set}: the value
-of the variable `name` in an operator's `env` list (which replaces the chart's entry) where that gives one, else
-`value` from the values' `field`; env text that is not a number is refused, naming the list. (dict "env"
-$.Values.estimator.env "envField" "estimator.env" "name" "BEAR_MAX_SNAPSHOT_AGE_S" "value" 1.0 "field"
-"estimator.maxSnapshotAgeSeconds") */}}
+{{/* A numeric setting as its service gets it, as JSON {"value": the number, "shown": its text, "field": where it is
+set}: the value of the variable `name` in an operator's `env` list (which replaces the chart's entry) where that
+gives one (its text shown as given), else `value` from the values' `field`; env text that is not a number is refused,
+naming the list. A number beyond a float's range (1e400), which the service reads as infinite, is held as the largest
+float of its sign: it fails every finite bound as infinity would. (dict "env" $.Values.estimator.env "envField"
+"estimator.env" "name" "BEAR_MAX_SNAPSHOT_AGE_S" "value" 1.0 "field" "estimator.maxSnapshotAgeSeconds") */}}
 {{- define "bear.numberSetting" -}}
-{{- $setting := dict "value" (float64 .value) "field" .field -}}
+{{- $setting := dict "value" (float64 .value) "shown" (printf "%v" .value) "field" .field -}}
 {{- range .env -}}
 {{- if and (eq (toString .name) $.name) (kindIs "string" .value) (trim (toString .value)) -}}
 {{- $text := trim .value -}}
 {{- if not (regexMatch "^[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][+-]?[0-9]+)?$" $text) -}}
 {{- fail (printf "%s: %s must be a number, got %q" $.envField $.name .value) -}}
 {{- end -}}
-{{- $setting = dict "value" (float64 $text) "field" (printf "%s in %s" $.name $.envField) -}}
+{{- $value := float64 $text -}}
+{{- $mantissa := first (splitList "e" (lower $text)) -}}
+{{- if and (eq $value 0.0) (regexMatch "[1-9]" $mantissa) (not (regexMatch "[eE]-" $text)) -}}
+{{- $value = float64 (ternary "-1.7976931348623157e308" "1.7976931348623157e308" (hasPrefix "-" $text)) -}}
+{{- end -}}
+{{- $setting = dict "value" $value "shown" $text "field" (printf "%s in %s" $.name $.envField) -}}
 {{- end -}}
 {{- end -}}
 {{- toJson $setting -}}
