@@ -41,6 +41,8 @@ from bear.predictor.catalog import PAPER_POOL
 from bear.predictor.training import MAX_SEED
 
 WARMUP_POLICY = "round-robin"
+WARMUP_MIN_QPS = 5.0  # the warm-up's rate at least this (QA: at 0.5 queries/s it sent 2 queries to 3 instances, and
+# the first policy's turn ran on the uncalibrated ones' fallback estimates, the next on fits: figures by order)
 ARRIVAL_SHARE = 0.75  # of each turn: queries arrive during this share, the rest lets them finish
 READY_TIMEOUT_S = 60.0
 CALIBRATION_TIMEOUT_S = 20.0
@@ -427,10 +429,11 @@ async def _drive(config: DemoConfig, router_address: str, prompts: Sequence[Demo
         sink.target = client.event_from_pool
         try:  # however the run ends (Ctrl-C in the warm-up too), the outcome reports in flight are cancelled
             await _await_routable(router, prompts[0].text, say)
+            warmup_qps = max(config.rate_qps, WARMUP_MIN_QPS)
             say.line(f"warming up for {config.warmup_s:g} s ({WARMUP_POLICY} traffic; each instance calibrates "
                      "eq. 12) …")
             warmup = PolicyTurn(WARMUP_POLICY, config.warmup_s)
-            await client.run_turn(warmup, plan(prompts, config.rate_qps, config.warmup_s * ARRIVAL_SHARE,
+            await client.run_turn(warmup, plan(prompts, warmup_qps, config.warmup_s * ARRIVAL_SHARE,
                                                config.seed + 1, PAPER_POOL, config.looseness), "warmup")
             await _await_calibrated(redis_url, say)
             await client.drain(5.0)
@@ -442,7 +445,8 @@ async def _drive(config: DemoConfig, router_address: str, prompts: Sequence[Demo
                 queued = client.num_queued  # earlier queries still waiting for their first token
                 if queued:
                     say.line(f"note: {policy}'s turn starts with {queued} earlier queries still queued in the pool "
-                             "(the rate is past what it serves: each policy's figures depend on the one before)")
+                             "(the rate is past what it serves, or turns are shorter than the queries take to their "
+                             "first token: each policy's figures depend on the one before)")
                 figures = await _turn(client, policy, queries, config, say)
                 results[policy] = figures | {"queued_at_start": queued}
         finally:
