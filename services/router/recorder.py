@@ -137,8 +137,8 @@ class DispatchRecorder:
                 self._tried = max(self._tried, batch[-1].number)
                 if not written:
                     self._pending.extendleft(reversed(batch))
-                    while len(self._pending) > self._max_pending:
-                        self._drop([self._pending.popleft()], "queue-full", "dispatch queue full")
+                    excess = max(len(self._pending) - self._max_pending, 0)
+                    self._drop([self._pending.popleft() for _ in range(excess)], "queue-full", "dispatch queue full")
                     await asyncio.sleep(self._retry_s)
 
     async def _write(self, batch: list[_Pending]) -> bool:

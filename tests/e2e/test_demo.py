@@ -136,18 +136,7 @@ def test_a_stop_signal_stops_the_services_the_pool_and_the_redis_with_the_demo(t
     demo = subprocess.Popen([BEAR, "demo", "--duration", "120", "--run-folder", str(run_folder)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=environ,
                             start_new_session=True)
-    lines: list[str] = []
-    router_up = threading.Event()
-
-    def read_status() -> None:
-        assert demo.stderr is not None
-        for line in demo.stderr:
-            lines.append(line)
-            if line.startswith("router on "):
-                router_up.set()
-
-    reader = threading.Thread(target=read_status, daemon=True)
-    reader.start()
+    lines, router_up, reader = _watch_status(demo, "router on ")
     children: list[psutil.Process] = []
     try:
         assert router_up.wait(300), "".join(lines)[-3000:]
@@ -187,6 +176,24 @@ def test_a_stop_signal_stops_the_services_the_pool_and_the_redis_with_the_demo(t
             demo.stderr.close()
 
 
+def _watch_status(demo: subprocess.Popen[str], starts: str) -> tuple[list[str], threading.Event, threading.Thread]:
+    """The demo's status lines (stderr), read by a thread as they come, and an event set at the first that starts
+    with `starts`."""
+    lines: list[str] = []
+    seen = threading.Event()
+
+    def read_status() -> None:
+        assert demo.stderr is not None
+        for line in demo.stderr:
+            lines.append(line)
+            if line.startswith(starts):
+                seen.set()
+
+    reader = threading.Thread(target=read_status, daemon=True)
+    reader.start()
+    return lines, seen, reader
+
+
 def _cwd(process: psutil.Process) -> str | None:
     try:
         return process.cwd()
@@ -202,27 +209,21 @@ def test_a_run_stopped_in_a_later_turn_prints_and_writes_the_turns_that_finished
     demo = subprocess.Popen([BEAR, "demo", "--duration", "30", "--rate", "10", "--policies", "bear,score",
                              "--json", str(out), "--run-folder", str(tmp_path / "run")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ)
-    lines: list[str] = []
-    second_turn = threading.Event()
-
-    def read_status() -> None:
-        assert demo.stderr is not None
-        for line in demo.stderr:
-            lines.append(line)
-            if line.startswith("  score "):  # its progress: the first turn has finished
-                second_turn.set()
-
-    reader = threading.Thread(target=read_status, daemon=True)
-    reader.start()
+    lines, second_turn, reader = _watch_status(demo, "  score ")  # its progress: the first turn has finished
     try:
         assert second_turn.wait(300), "".join(lines)[-3000:]
         demo.send_signal(signal.SIGTERM)
-        stdout, _ = demo.communicate(timeout=60)
+        demo.wait(60)
+        assert demo.stdout is not None
+        stdout = demo.stdout.read()  # the reader thread has stderr
     finally:
         if demo.poll() is None:
             demo.kill()
             demo.wait(10)
         reader.join(10)
+        for stream in (demo.stdout, demo.stderr):
+            if stream is not None:
+                stream.close()
     assert demo.returncode == 128 + signal.SIGTERM, "".join(lines)[-3000:]
     assert "Traceback" not in "".join(lines)
     assert "Stopped by SIGTERM" in stdout and "not run to the end: score" in stdout, stdout
