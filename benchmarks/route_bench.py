@@ -5,7 +5,8 @@ Starts a redis-server, publishes --replicas instances (default 1) of each model 
 snapshots as snapshotters would (registration, snapshot with eq. 12 coefficients, refreshed every 100 ms, from a
 process of its own), starts `bear serve predictor` (on a small predictor trained here on the synthetic corpus) and
 `bear serve estimator` — or, when their modules are missing or with --fakes, one process of constant-answer fakes
-(with the stream twins), and says which — then `bear serve router`, each its own process.
+(with the stream twins), and says which — then `bear serve router`, each its own process. With --in-process, the
+router runs the real estimator and predictor in its own process (BEAR_ROUTER_IN_PROCESS) and no neighbour starts.
 The load generator (this process, asyncio + uvloop, one channel) sends Route calls with Poisson arrivals and measures
 each call's latency at the client; the router's own `decision_ms` (its answer's field), the router process's CPU
 time per call and that of its neighbours (estimator and predictor together) are reported beside it: CPU time is a
@@ -18,7 +19,7 @@ between machines, the ratios much less. Then it raises the rate until p99 exceed
 prints the highest rate that stayed within it.
 
     python benchmarks/route_bench.py [--rate 200] [--seconds 10] [--sweep-seconds 5] [--p99-limit-ms 10]
-        [--prompts short|mixed] [--replicas 1] [--fakes] [--tracing]
+        [--prompts short|mixed] [--replicas 1] [--fakes | --in-process] [--tracing]
 """
 
 from __future__ import annotations
@@ -77,12 +78,19 @@ def main() -> int:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="route-bench-")))
         redis_url = stack.enter_context(_redis_server())
         stack.enter_context(_snapshotters(redis_url, args.replicas))
-        estimator, predictor, kind, neighbours = _neighbours(stack, args, tmp, redis_url)
+        if args.in_process:
+            _train_predictor(tmp / "predictor")
+            kind, neighbours = "the estimator and the predictor in the router's process (--in-process)", []
+            where = ["--in-process=predictor,estimator"]
+            settings = {"BEAR_PREDICTOR_MODEL_DIR": str(tmp / "predictor")}
+        else:
+            estimator, predictor, kind, neighbours = _neighbours(stack, args, tmp, redis_url)
+            where = [f"--estimator-address={estimator}", f"--predictor-address={predictor}"]
+            settings = {}
         router = stack.enter_context(_process(["serve", "router", "--host=127.0.0.1", "--grpc-port=0",
-                                               "--metrics-port=0", f"--call-streams={args.call_streams}",
-                                               f"--estimator-address={estimator}",
-                                               f"--predictor-address={predictor}", f"--redis-url={redis_url}"],
-                                              tmp / "router.log", tracing=args.tracing))
+                                               "--metrics-port=0", f"--call-streams={args.call_streams}", *where,
+                                               f"--redis-url={redis_url}"],
+                                              tmp / "router.log", tracing=args.tracing, settings=settings))
         prompts = _prompts(args.prompts)
         streamed = args.client_streams == "on"
         print(f"router + {kind} on loopback, {3 * args.replicas} instances, {os.cpu_count()} CPUs; "
@@ -137,7 +145,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="the sweep stops at the first rate whose client p99 exceeds this many ms (default 10)")
     parser.add_argument("--prompts", choices=("short", "mixed"), default="short",
                         help="short chat prompts (10-30 tokens), or the synthetic corpus's four regimes")
-    parser.add_argument("--fakes", action="store_true", help="constant-answer fakes instead of the real services")
+    neighbours = parser.add_mutually_exclusive_group()
+    neighbours.add_argument("--fakes", action="store_true", help="constant-answer fakes instead of the real services")
+    neighbours.add_argument("--in-process", action="store_true", help="the real estimator and predictor inside the "
+                        "router's process (BEAR_ROUTER_IN_PROCESS) instead of their own")
     parser.add_argument("--tracing", action="store_true", help="leave OpenTelemetry on (default: OTEL_SDK_DISABLED, "
                                                                "as the chart sets without a collector)")
     parser.add_argument("--call-streams", choices=("on", "off"), default="on",
@@ -323,11 +334,11 @@ class Proc:
 
 
 @contextmanager
-def _process(arguments: list[str], log: Path, *, script: Sequence[str] = (), tracing: bool = False
-             ) -> Iterator[Proc]:
+def _process(arguments: list[str], log: Path, *, script: Sequence[str] = (), tracing: bool = False,
+             settings: dict[str, str] | None = None) -> Iterator[Proc]:
     """A BEAR process (or this script with `script`, its options: serving fakes or the floor), with the address it
-    announced on its first line."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("BEAR_", "OTEL_"))}
+    announced on its first line; `settings`: its BEAR_* environment (none of this process's goes along)."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("BEAR_", "OTEL_"))} | (settings or {})
     if not tracing:
         environ["OTEL_SDK_DISABLED"] = "true"
     command = ([sys.executable, __file__, *script] if script

@@ -37,18 +37,18 @@ class EstimatorServicer(estimator_pb2_grpc.EstimatorServicer):
         self._record_dispatch = record_dispatch
         self._query_numbers = itertools.count()
         self._by_method: dict[Method, prometheus_client.Counter] = {}
-        self.streams = CallStreamServer(self._answer, estimator_pb2.EstimateResult,  # .close() at shutdown
+        self.streams = CallStreamServer(self.answer, estimator_pb2.EstimateResult,  # .close() at shutdown
                                         f"/{SERVICE_NAME}/EstimateStream", on_error=_failed)
 
     async def Estimate(self, request: estimator_pb2.EstimateRequest,  # noqa: N802 - the proto's name
                        context: grpc.aio.ServicerContext) -> estimator_pb2.EstimateResponse:
-        return await answer_unary(self._answer(request), context, on_error=_failed)
+        return await answer_unary(self.answer(request), context, on_error=_failed)
 
     async def EstimateStream(self, calls: AsyncIterator[estimator_pb2.EstimateCall],  # noqa: N802
                              context: grpc.aio.ServicerContext) -> None:
         await self.streams.serve(calls, context)
 
-    async def _answer(self, request: estimator_pb2.EstimateRequest) -> estimator_pb2.EstimateResponse:
+    async def answer(self, request: estimator_pb2.EstimateRequest) -> estimator_pb2.EstimateResponse:
         started = time.perf_counter()
         try:
             return self._estimate(request)

@@ -46,18 +46,18 @@ class PredictorServicer(predictor_pb2_grpc.PredictorServicer):
         self._executor = executor
         self._max_prompt_chars = max_prompt_chars
         self._max_remaining_queries = max_remaining_queries
-        self.streams = CallStreamServer(self._predict, predictor_pb2.PredictResult,  # .close() at shutdown
+        self.streams = CallStreamServer(self.answer, predictor_pb2.PredictResult,  # .close() at shutdown
                                         f"/{SERVICE_NAME}/PredictStream", on_error=_predict_failed)
 
     async def Predict(self, request: predictor_pb2.PredictRequest,  # noqa: N802 - the proto's name
                       context: grpc.aio.ServicerContext) -> predictor_pb2.PredictResponse:
-        return await answer_unary(self._predict(request), context, on_error=_predict_failed)
+        return await answer_unary(self.answer(request), context, on_error=_predict_failed)
 
     async def PredictStream(self, calls: AsyncIterator[predictor_pb2.PredictCall],  # noqa: N802
                             context: grpc.aio.ServicerContext) -> None:
         await self.streams.serve(calls, context)
 
-    async def _predict(self, request: predictor_pb2.PredictRequest) -> predictor_pb2.PredictResponse:
+    async def answer(self, request: predictor_pb2.PredictRequest) -> predictor_pb2.PredictResponse:
         started = time.perf_counter()
         catalog = self._predictor.catalog
         try:

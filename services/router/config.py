@@ -35,6 +35,11 @@ without BEAR_, in lower case, e.g. `default_policy: bear`):
                                        each Estimate call, ahead of Redis (default 250; 0: off)
     BEAR_ROUTER_CALL_STREAMS           on (default): Predict and Estimate calls go over one long-lived stream each
                                        (bear.common.call_streams); off: unary calls                --call-streams
+    BEAR_ROUTER_IN_PROCESS             predictor, estimator or both (predictor,estimator): run them inside the
+                                       router instead of calling them over gRPC, with their own settings from the
+                                       environment (BEAR_PREDICTOR_MODEL_DIR, BEAR_MAX_SNAPSHOT_AGE_S, ...; their
+                                       addresses and ports unused); saves two gRPC hops per Route call (default
+                                       none)                                                      --in-process
     BEAR_SHUTDOWN_GRACE_S              calls in flight may finish this long after SIGTERM (default 5)
 
 plus Redis (`bear.common.redis_config`: BEAR_REDIS_URL, ...) and discovery (`bear.discovery.config`:
@@ -67,6 +72,7 @@ from bear.discovery.config import DiscoveryConfig
 from bear.routing.contract import MAX_WEIGHT
 
 TOKENIZERS = ("qwen", "pretokens")
+IN_PROCESS_SERVICES = ("predictor", "estimator")  # what BEAR_ROUTER_IN_PROCESS may name
 MAX_PROMPT_BYTES_LIMIT = 256 * 1024 * 1024
 MAX_HORIZON_FACTOR = 1000.0
 MAX_TTFT_SLO_LIMIT_MS = 86_400_000.0  # BEAR_ROUTER_MAX_TTFT_SLO_MS at most: a day
@@ -79,7 +85,7 @@ ENVIRONMENT = (
     "BEAR_ROUTER_MAX_PROMPT_BYTES", "BEAR_ROUTER_MAX_PROMPT_TOKENS", "BEAR_ROUTER_DEFAULT_OUTPUT_TOKENS",
     "BEAR_ROUTER_TOKENIZER", "BEAR_ROUTER_REFRESH_S", "BEAR_ROUTER_FORGET_AFTER_S",
     "BEAR_ROUTER_FALLBACK_SNAPSHOT_AGE_S", "BEAR_ROUTER_TTFT_FEEDBACK_WINDOW",
-    "BEAR_ROUTER_RECENT_DISPATCHES_MS", "BEAR_ROUTER_CALL_STREAMS", "BEAR_SHUTDOWN_GRACE_S",
+    "BEAR_ROUTER_RECENT_DISPATCHES_MS", "BEAR_ROUTER_CALL_STREAMS", "BEAR_ROUTER_IN_PROCESS", "BEAR_SHUTDOWN_GRACE_S",
     *REDIS_ENVIRONMENT, *DISCOVERY_ENVIRONMENT,
 )
 FLAGS = {  # flag → (environment variable, help)
@@ -94,6 +100,8 @@ FLAGS = {  # flag → (environment variable, help)
     "--pools-file": ("BEAR_POOLS_FILE", "the pools file (bear.discovery)"),
     "--call-streams": ("BEAR_ROUTER_CALL_STREAMS", "on (default): Predict and Estimate over streams of calls; off: "
                        "unary calls"),
+    "--in-process": ("BEAR_ROUTER_IN_PROCESS", "predictor, estimator or both (predictor,estimator) run inside the "
+                     "router, with their settings from the environment (default none)"),
 }
 
 
@@ -123,6 +131,7 @@ class RouterConfig:
     ttft_feedback_window: int = 0
     recent_dispatches_s: float = 0.25
     call_streams: bool = True
+    in_process: frozenset[str] = frozenset()  # of IN_PROCESS_SERVICES
     shutdown_grace_s: float = 5.0
     redis: RedisConfig = field(default_factory=RedisConfig)
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
@@ -170,6 +179,9 @@ class RouterConfig:
         _require(grace is None, grace or "")
         _require(0 <= self.ttft_feedback_window <= 100_000,
                  f"BEAR_ROUTER_TTFT_FEEDBACK_WINDOW must be in [0, 100000], got {self.ttft_feedback_window!r}")
+        unknown = sorted(set(self.in_process) - set(IN_PROCESS_SERVICES))
+        _require(not unknown, f"BEAR_ROUTER_IN_PROCESS: unknown service {unknown[0] if unknown else ''!r}; name "
+                 "predictor, estimator, both (predictor,estimator) or none")
         _require(math.isfinite(self.recent_dispatches_s) and 0 <= self.recent_dispatches_s <= 60,
                  f"BEAR_ROUTER_RECENT_DISPATCHES_MS must be in [0, 60000], got {1000 * self.recent_dispatches_s!r}")
 
@@ -202,6 +214,7 @@ class RouterConfig:
             ttft_feedback_window=env_int(environ, "BEAR_ROUTER_TTFT_FEEDBACK_WINDOW", d.ttft_feedback_window),
             recent_dispatches_s=_ms(environ, "BEAR_ROUTER_RECENT_DISPATCHES_MS", d.recent_dispatches_s),
             call_streams=env_bool(environ, "BEAR_ROUTER_CALL_STREAMS", d.call_streams),
+            in_process=in_process_services(environ.get("BEAR_ROUTER_IN_PROCESS", "")),
             shutdown_grace_s=env_float(environ, "BEAR_SHUTDOWN_GRACE_S", d.shutdown_grace_s),
             redis=RedisConfig.from_environ(environ),
             discovery=DiscoveryConfig.from_environ(environ),
@@ -224,6 +237,18 @@ def _policy_params(text: str) -> dict[str, dict[str, Any]]:
     if not isinstance(params, dict) or not all(isinstance(p, dict) for p in params.values()):
         raise ValueError('BEAR_ROUTER_POLICY_PARAMS must map policy names to parameters, e.g. {"bear": {"safety": 1.1}}')
     return params
+
+
+def in_process_services(text: str) -> frozenset[str]:
+    """'predictor,estimator' (any order and case, spaces allowed), one of them, or '' / 'none' for neither."""
+    names = [name.strip().lower() for name in text.split(",") if name.strip()]
+    if names == ["none"]:
+        return frozenset()
+    unknown = [name for name in names if name not in IN_PROCESS_SERVICES]
+    if unknown:
+        raise ValueError(f"BEAR_ROUTER_IN_PROCESS: unknown service {unknown[0]!r}; name predictor, estimator, both "
+                         "(predictor,estimator) or none")
+    return frozenset(names)
 
 
 def _ms(environ: Mapping[str, str], name: str, default_s: float) -> float:

@@ -64,11 +64,7 @@ class RouterApp:
     on_malformed: Callable[[str], None] | None = None  # a request that did not decode, by its full method name
 
     async def close(self) -> None:
-        for close in reversed(self.closers):
-            try:
-                await close()
-            except Exception:  # noqa: BLE001 - closing the rest matters more
-                logger.exception("closing the router")
+        await _close_all(self.closers)
 
 
 async def build(config: RouterConfig, registry: CollectorRegistry | None = None,
@@ -82,7 +78,7 @@ async def build(config: RouterConfig, registry: CollectorRegistry | None = None,
     from bear.common.redis_config import connect_async
     from bear.common.service import ServiceStartError
     from bear.discovery.factory import open_discovery
-    from bear.router import server, upstream
+    from bear.router import in_process, server, upstream
     from bear.router.pool import InstancePool
     from bear.router.query import Limits
     from bear.router.router import Router, RouterSettings
@@ -105,10 +101,16 @@ async def build(config: RouterConfig, registry: CollectorRegistry | None = None,
     closers.append(store.close)
     telemetry = Telemetry(tracer or otel_trace.get_tracer("bear.router"),
                           RouterMetrics(REGISTRY if registry is None else registry))
-    predictor = upstream.GrpcPredictor(config.predictor_address, config.predictor_timeout_s, config.call_streams,
-                                       telemetry.tracing)
-    estimator = upstream.GrpcEstimator(config.estimator_address, config.estimator_timeout_s, config.call_streams,
-                                       telemetry.tracing)
+    try:
+        local = await in_process.start(config, registry=registry)
+    except BaseException:
+        await _close_all(closers)
+        raise
+    closers.append(lambda: asyncio.to_thread(local.unregister))
+    predictor = local.predictor or upstream.GrpcPredictor(config.predictor_address, config.predictor_timeout_s,
+                                                          config.call_streams, telemetry.tracing)
+    estimator = local.estimator or upstream.GrpcEstimator(config.estimator_address, config.estimator_timeout_s,
+                                                          config.call_streams, telemetry.tracing)
     closers += [predictor.close, estimator.close]
     settings = RouterSettings(config.default_policy, config.lambda_per_micro_usd, config.horizon_factor,
                               config.default_output_tokens,
@@ -118,13 +120,27 @@ async def build(config: RouterConfig, registry: CollectorRegistry | None = None,
     router = Router(settings, InstancePool(discovery.instances, discovery.pools, config.forget_after_s),
                     predictor, estimator, store, policies, fallback, telemetry, tokenize)
     logger.info("router: predictor %s, estimator %s, Redis %s, %d pool(s) (%s discovery), default policy %s, "
-                "fallback %s", config.predictor_address, config.estimator_address, config.redis.describe(),
+                "fallback %s", _where(config, "predictor"), _where(config, "estimator"), config.redis.describe(),
                 len(discovery.pools), config.discovery.mode, config.default_policy, config.fallback_policy)
     closers.append(router.close)
     servicer = server.RouterServicer(router)
     return RouterApp(router, lambda grpc_server: server.register(grpc_server, servicer),
-                     [lambda: router.refresh_forever(config.refresh_interval_s)], closers, [servicer.streams.close],
-                     servicer.malformed)
+                     [lambda: router.refresh_forever(config.refresh_interval_s), *local.background], closers,
+                     [servicer.streams.close], servicer.malformed)
+
+
+def _where(config: RouterConfig, service: str) -> str:
+    if service in config.in_process:
+        return "in-process"
+    return config.predictor_address if service == "predictor" else config.estimator_address
+
+
+async def _close_all(closers: list[Callable[[], Awaitable[None]]]) -> None:
+    for close in reversed(closers):
+        try:
+            await close()
+        except Exception:  # noqa: BLE001 - closing the rest matters more
+            logger.exception("closing the router")
 
 
 def build_policies(config: RouterConfig) -> tuple[dict[str, Any], Any]:

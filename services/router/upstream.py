@@ -59,7 +59,7 @@ class GrpcPredictor:
         try:
             reply = await self._predict(wire.predict_request(prompt), self._timeout_s)
         except CallFailed as error:
-            raise DependencyUnavailable("predictor", error.code.name, _first_clause(error.message)) from None
+            raise DependencyUnavailable("predictor", error.code.name, first_clause(error.message)) from None
         return wire.predictions_from_proto(reply)
 
     async def close(self) -> None:
@@ -74,35 +74,49 @@ class GrpcEstimator:
                             estimator_pb2.EstimateResult, traced) if streamed else None
         self._estimate = StreamedMethod(estimator_pb2_grpc.EstimatorStub(self._channels.unary).Estimate, stream)
         self._timeout_s = timeout_s
-        # The latest dispatches go along with many calls in a row: each is converted once.
-        self._recent: OrderedDict[str, router_pb2.DispatchRecord] = OrderedDict()
+        self._recent = DispatchProtos()
 
     async def estimate(self, query_id: str, prompt_tokens: int, output_tokens: float, instance_ids: Sequence[str],
                        horizon_ms: float, recent: Sequence[DispatchRecord] = (),
                        prefix_hashes: bytes = b"") -> dict[str, InstanceEstimate]:
-        request = wire.estimate_request(query_id, prompt_tokens, output_tokens, list(instance_ids), horizon_ms,
-                                        prefix_hashes)
-        if recent:
-            request.recent_dispatches.extend(self._converted(record) for record in recent)
+        request = self._recent.estimate_request(query_id, prompt_tokens, output_tokens, instance_ids, horizon_ms,
+                                                recent, prefix_hashes)
         try:
             reply = await self._estimate(request, self._timeout_s)
         except CallFailed as error:
-            raise DependencyUnavailable("estimator", error.code.name, _first_clause(error.message)) from None
+            raise DependencyUnavailable("estimator", error.code.name, first_clause(error.message)) from None
         return wire.estimates_from_proto(reply)
 
     async def close(self) -> None:
         await self._estimate.close()
         await self._channels.close()
 
+
+class DispatchProtos:
+    """Estimate requests with the router's latest dispatches along: the same dispatches go along with many calls in
+    a row, so each is converted once."""
+
+    def __init__(self) -> None:
+        self._protos: OrderedDict[str, router_pb2.DispatchRecord] = OrderedDict()
+
+    def estimate_request(self, query_id: str, prompt_tokens: int, output_tokens: float, instance_ids: Sequence[str],
+                         horizon_ms: float, recent: Sequence[DispatchRecord],
+                         prefix_hashes: bytes) -> estimator_pb2.EstimateRequest:
+        request = wire.estimate_request(query_id, prompt_tokens, output_tokens, list(instance_ids), horizon_ms,
+                                        prefix_hashes)
+        if recent:
+            request.recent_dispatches.extend(self._converted(record) for record in recent)
+        return request
+
     def _converted(self, record: DispatchRecord) -> router_pb2.DispatchRecord:
-        message = self._recent.get(record.request_id)
+        message = self._protos.get(record.request_id)
         if message is None:
-            message = self._recent[record.request_id] = wire.dispatch_to_proto(record)
-            while len(self._recent) > RECENT_PROTOS:
-                self._recent.popitem(last=False)
+            message = self._protos[record.request_id] = wire.dispatch_to_proto(record)
+            while len(self._protos) > RECENT_PROTOS:
+                self._protos.popitem(last=False)
         return message
 
 
-def _first_clause(details: str | None) -> str:
+def first_clause(details: str | None) -> str:
     """gRPC's details without the transport's trail ("failed to connect to all addresses; last error: ...")."""
     return (details or "").split(";", 1)[0][:200]

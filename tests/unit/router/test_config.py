@@ -36,6 +36,17 @@ def test_call_streams_switch(value: str, streams: bool) -> None:
     assert load({"BEAR_ROUTER_CALL_STREAMS": value or None}, environ={}).call_streams is streams  # --call-streams
 
 
+@pytest.mark.parametrize(("value", "services"), [
+    ("", set()), ("none", set()), ("predictor", {"predictor"}), (" Estimator ", {"estimator"}),
+    ("predictor, estimator", {"predictor", "estimator"}), ("estimator,predictor,", {"predictor", "estimator"})])
+def test_in_process_services(value: str, services: set[str], tmp_path: Path) -> None:
+    assert load({}, environ={"BEAR_ROUTER_IN_PROCESS": value}).in_process == services
+    assert load({"BEAR_ROUTER_IN_PROCESS": value or None}, environ={}).in_process == services  # --in-process
+    file = tmp_path / "router.yaml"
+    file.write_text(f"router_in_process: '{value}'\n")
+    assert load({}, str(file), environ={}).in_process == services
+
+
 def test_the_charts_environment_is_understood() -> None:
     config = load({}, environ={"BEAR_ESTIMATOR_ADDRESS": "bear-estimator:50052",
                                "BEAR_PREDICTOR_ADDRESS": "bear-predictor:50053", "BEAR_DEFAULT_POLICY": "bear",
@@ -81,6 +92,9 @@ def test_policy_parameters_are_json() -> None:
     ({"BEAR_PREDICTOR_ADDRESS": "bear-predictor"}, "BEAR_PREDICTOR_ADDRESS must be host:port"),
     ({"BEAR_PREDICTOR_ADDRESS": "::::"}, "BEAR_PREDICTOR_ADDRESS must be host:port"),
     ({"BEAR_ESTIMATOR_ADDRESS": "h\udcff:5"}, "BEAR_ESTIMATOR_ADDRESS is not UTF-8 text"),  # an undecodable byte
+    ({"BEAR_ROUTER_IN_PROCESS": "predictor,redis"}, "BEAR_ROUTER_IN_PROCESS: unknown service 'redis'; name predictor, "
+                                                    "estimator, both"),
+    ({"BEAR_ROUTER_IN_PROCESS": "none,estimator"}, "BEAR_ROUTER_IN_PROCESS: unknown service 'none'"),
 ])
 def test_bad_settings_name_the_variable(environ: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
