@@ -79,6 +79,9 @@ GOOD_CASES: dict[str, tuple[list[str], dict[str, Any]]] = {
                                                                        "caKey": "", "certKey": "tls.crt",
                                                                        "keyKey": "tls.key"}}}),
     "artifact-in-a-configmap": ([], {"predictor": {"artifact": {"source": "configMap"}}}),
+    "in-process": ([], {"router": {"inProcess": True}}),
+    "in-process-artifact-on-a-claim": ([], {"router": {"inProcess": True, "env": [
+        {"name": "BEAR_MAX_SNAPSHOT_AGE_S", "value": "3"}]}, **_artifact_on_a_claim("models/v3")}),
     "names-of-secrets-and-claims-that-look-like-scalars": ([], {
         "redis": {"existingSecret": "on", "existingSecretPasswordKey": "007",
                   "persistence": {"enabled": True, "storageClassName": "1.10"}},
@@ -300,6 +303,15 @@ SCHEMA_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
 SCHEMA_REFUSED_AT_RENDER = "values don't meet the specifications of the schema(s)"
 # name → (values, what the error must say); refused by the templates' own checks
 TEMPLATE_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
+    "in-process-with-estimator-env": ({"router": {"inProcess": True}, "estimator": {"env": [
+        {"name": "BEAR_LPS_WINDOW_S", "value": "30"}]}}, "estimator.env: with router.inProcess the estimator runs "
+                                                         "inside the router pods, which would not read it"),
+    "in-process-with-predictor-args": ({"router": {"inProcess": True}, "predictor": {"extraArgs": ["--host=::"]}},
+                                       "predictor.extraArgs: with router.inProcess"),
+    "in-process-flag-in-router-args": ({"router": {"extraArgs": ["--in-process=predictor"]}},
+                                       "router.extraArgs: --in-process=predictor is a flag the chart sets"),
+    "in-process-snapshot-age-in-router-env": ({"router": {"inProcess": True, "env": [
+        {"name": "BEAR_MAX_SNAPSHOT_AGE_S", "value": "0"}]}}, "BEAR_MAX_SNAPSHOT_AGE_S in router.env (0) must be > 0"),
     "tensor-parallel-over-gpus": ({"pools": [_pool(gpusPerReplica=2, tensorParallelSize=4)]},
                                   "tensorParallelSize (4) exceeds gpusPerReplica (2)"),
     "duplicate-pool-names": ({"pools": [_pool(name="a"), _pool(name="a")]}, 'the name "a" is used twice'),
@@ -883,6 +895,38 @@ def test_router_estimator_and_predictor_are_wired_to_each_other(reports: dict[st
     assert component(report, "StatefulSet", "redis")["spec"]["serviceName"] == services["redis"]["metadata"]["name"]
 
 
+def test_in_process_the_router_pods_run_the_predictor_and_the_estimator(reports: dict[str, Any]) -> None:
+    report = reports["in-process"]
+    assert {d["metadata"]["labels"]["app.kubernetes.io/component"] for d in of_kind(report, "Deployment").values()
+            if d["metadata"]["labels"]["app.kubernetes.io/component"] != "engine"} == {"router"}
+    services = {s["metadata"]["labels"]["app.kubernetes.io/component"] for s in of_kind(report, "Service").values()}
+    assert "estimator" not in services and "predictor" not in services
+    policies = {p["metadata"]["labels"]["app.kubernetes.io/component"]
+                for p in of_kind(report, "NetworkPolicy").values()}
+    assert policies == {"router", "engine", "redis"}
+    router = container(component(report, "Deployment", "router"), "router")
+    settings = env(router)
+    assert settings["BEAR_ROUTER_IN_PROCESS"] == "predictor,estimator"
+    assert settings["BEAR_PREDICTOR_MODEL_DIR"] == "/opt/bear/predictor" and settings["BEAR_MAX_SNAPSHOT_AGE_S"] == "1"
+    assert "BEAR_ESTIMATOR_ADDRESS" not in settings and "BEAR_PREDICTOR_ADDRESS" not in settings
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert router["image"] == f"ghcr.io/bear-router/bear-predictor:{app_version}"  # the artifact is in that image
+    notes = report["manifests"]["bear/templates/NOTES.txt"]
+    assert "The router (with the predictor in it) runs the image" in notes
+    assert "(router on 9464, snapshotters" in notes
+    # An artifact on a claim is mounted in the router pods, which run the BEAR image.
+    report = reports["in-process-artifact-on-a-claim"]
+    deployment = component(report, "Deployment", "router")
+    router = container(deployment, "router")
+    assert router["image"] == f"ghcr.io/bear-router/bear:{app_version}"
+    mounts = {m["name"]: m for m in router["volumeMounts"]}
+    assert mounts["predictor-artifact"]["mountPath"] == env(router)["BEAR_PREDICTOR_MODEL_DIR"] == "/var/lib/bear/predictor"
+    assert mounts["predictor-artifact"]["subPath"] == "models/v3" and "pools" in mounts
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["predictor-artifact"]["persistentVolumeClaim"]["claimName"] == "artifacts"
+    assert env(router)["BEAR_MAX_SNAPSHOT_AGE_S"] == "3"  # router.env's, in place of the chart's
+
+
 def test_every_container_has_probes_and_bear_answers_grpc_health(reports: dict[str, Any]) -> None:
     report = reports["example-paper-pools"]
     for workload in [*of_kind(report, "Deployment").values(), *of_kind(report, "StatefulSet").values()]:
@@ -1112,8 +1156,14 @@ def test_every_setting_the_chart_gives_a_service_is_one_it_reads(reports: dict[s
     from bear.router.config import ENVIRONMENT as ROUTER
 
     known = {"router": set(ROUTER), "estimator": set(ESTIMATOR), "predictor": set(PREDICTOR)}
+    deployments = {d["metadata"]["labels"]["app.kubernetes.io/component"] for d in
+                   of_kind(reports[example], "Deployment").values()}
     for name, reads in known.items():
+        if name not in deployments:  # router.inProcess: the router reads their settings
+            continue
         given = {k for k in env(container(component(reports[example], "Deployment", name), name)) if k.startswith("BEAR_")}
+        if "BEAR_ROUTER_IN_PROCESS" in given:
+            reads = reads | known["estimator"] | known["predictor"]
         assert given <= reads, f"{name} is given settings it never reads: {sorted(given - reads)}"
 
 

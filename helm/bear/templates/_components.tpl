@@ -1,10 +1,28 @@
 {{/* What differs between the router, the estimator and the predictor (used by services.yaml). */}}
 
+{{/* The components that run as Deployments of their own, as a JSON list: the router alone with router.inProcess. */}}
+{{- define "bear.serviceComponents" -}}
+{{- ternary (list "router") (list "router" "estimator" "predictor") .Values.router.inProcess | toJson -}}
+{{- end -}}
+
+{{/* The components whose pods load the predictor's artifact, as a JSON list. */}}
+{{- define "bear.predictorHosts" -}}
+{{- ternary (list "router") (list "predictor") .Values.router.inProcess | toJson -}}
+{{- end -}}
+
 {{- define "bear.routerEnv" -}}
+{{- if .Values.router.inProcess }}
+- name: BEAR_ROUTER_IN_PROCESS
+  value: predictor,estimator
+{{ include "bear.predictorEnv" . }}
+- name: BEAR_MAX_SNAPSHOT_AGE_S
+  value: {{ .Values.estimator.maxSnapshotAgeSeconds | toString | quote }}
+{{- else }}
 - name: BEAR_ESTIMATOR_ADDRESS
   value: {{ printf "%s:%v" (include "bear.componentName" (dict "root" . "component" "estimator")) (int64 .Values.estimator.grpcPort) | quote }}
 - name: BEAR_PREDICTOR_ADDRESS
   value: {{ printf "%s:%v" (include "bear.componentName" (dict "root" . "component" "predictor")) (int64 .Values.predictor.grpcPort) | quote }}
+{{- end }}
 - name: BEAR_DEFAULT_POLICY
   value: {{ .Values.router.defaultPolicy | quote }}
 {{ include "bear.discoveryEnv" . }}
@@ -34,13 +52,16 @@
 {{- end -}}
 
 {{- define "bear.routerMounts" -}}
-- name: pools
-  mountPath: /etc/bear/pools
-  readOnly: true
+{{ include "bear.estimatorMounts" . }}
+{{- if .Values.router.inProcess }}
+{{ include "bear.predictorMounts" . }}
+{{- end }}
 {{- end -}}
 
 {{- define "bear.estimatorMounts" -}}
-{{ include "bear.routerMounts" . }}
+- name: pools
+  mountPath: /etc/bear/pools
+  readOnly: true
 {{- end -}}
 
 {{- define "bear.predictorMounts" -}}
@@ -56,13 +77,16 @@
 {{- end -}}
 
 {{- define "bear.routerVolumes" -}}
-- name: pools
-  configMap:
-    name: {{ include "bear.componentName" (dict "root" . "component" "pools") }}
+{{ include "bear.estimatorVolumes" . }}
+{{- if .Values.router.inProcess }}
+{{ include "bear.predictorVolumes" . }}
+{{- end }}
 {{- end -}}
 
 {{- define "bear.estimatorVolumes" -}}
-{{ include "bear.routerVolumes" . }}
+- name: pools
+  configMap:
+    name: {{ include "bear.componentName" (dict "root" . "component" "pools") }}
 {{- end -}}
 
 {{- define "bear.predictorVolumes" -}}

@@ -408,6 +408,15 @@ whose vLLM metrics are to be scraped instead). (dict "root" $ "port" 9464 "extra
 {{- range $component := list "router" "estimator" "predictor" -}}
 {{- include "bear.validateServiceArgs" (dict "component" $component "args" (index $.Values $component).extraArgs) -}}
 {{- end -}}
+{{- if .Values.router.inProcess -}}
+{{- range $component := list "estimator" "predictor" -}}
+{{- range $field := list "env" "extraArgs" -}}
+{{- if index $.Values $component $field -}}
+{{- fail (printf "%s.%s: with router.inProcess the %s runs inside the router pods, which would not read it; put its settings in router.env" $component $field $component) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- $enginePorts := dict "vllm.port" .Values.vllm.port "vllm.snapshotter.grpcPort" .Values.vllm.snapshotter.grpcPort
   "metrics.snapshotterPort" .Values.metrics.snapshotterPort -}}
 {{- include "bear.checkDistinctPorts" (dict "pod" "the vLLM pods" "ports" $enginePorts) -}}
@@ -496,7 +505,7 @@ extraArgs must not set again (a flag wins over the environment: the Service, the
 would say otherwise): (dict "component" "router" "args" $.Values.router.extraArgs) */}}
 {{- define "bear.validateServiceArgs" -}}
 {{- $owned := dict
-  "router" (list "--grpc-port" "--metrics-port" "--redis-url" "--estimator-address" "--predictor-address" "--default-policy" "--pools-file")
+  "router" (list "--grpc-port" "--metrics-port" "--redis-url" "--estimator-address" "--predictor-address" "--default-policy" "--pools-file" "--in-process")
   "estimator" (list "--grpc-port" "--metrics-port" "--redis-url" "--max-snapshot-age-s" "--predictor-address" "--pools-file")
   "predictor" (list "--grpc-port" "--metrics-port" "--model-dir") -}}
 {{- $field := printf "%s.extraArgs" .component -}}
@@ -552,14 +561,15 @@ those ranks and adds none: (dict "args" $.Values.vllm.extraArgs "long" "--pipeli
 {{/* The snapshot settings as the services get them, each from the `env` entry that replaces the chart's where
 there is one, held to the bounds the services put on them (an `env` value skips the schema's, and a service that
 refuses its setting crash-loops): the estimator's age limit (BEAR_MAX_SNAPSHOT_AGE_S, as
-estimator.maxSnapshotAgeSeconds: > 0, at most 3600) and the snapshotters' read interval
+estimator.maxSnapshotAgeSeconds: > 0, at most 3600; router.env's with router.inProcess) and the snapshotters' read interval
 (BEAR_SNAPSHOTTER_POLL_INTERVAL_MS, as vllm.snapshotter.pollIntervalMs: > 0, at most 60000), idle refresh
 (BEAR_SNAPSHOT_REFRESH_S, 0.5 s: at least 0.01 and below BEAR_SNAPSHOT_TTL_S) and TTL (BEAR_SNAPSHOT_TTL_S, 10 s:
 1 to 86400). The age limit must exceed the idle refresh and the read interval: instances would fall back to LPS
 between two refreshes or reads. */}}
 {{- define "bear.validateSnapshotAge" -}}
 {{- $snapshotter := .Values.vllm.snapshotter -}}
-{{- $age := include "bear.numberSetting" (dict "env" .Values.estimator.env "envField" "estimator.env" "name" "BEAR_MAX_SNAPSHOT_AGE_S" "value" .Values.estimator.maxSnapshotAgeSeconds "field" "estimator.maxSnapshotAgeSeconds") | fromJson -}}
+{{- $ageHost := ternary "router" "estimator" .Values.router.inProcess -}}
+{{- $age := include "bear.numberSetting" (dict "env" (index .Values $ageHost).env "envField" (printf "%s.env" $ageHost) "name" "BEAR_MAX_SNAPSHOT_AGE_S" "value" .Values.estimator.maxSnapshotAgeSeconds "field" "estimator.maxSnapshotAgeSeconds") | fromJson -}}
 {{- $refresh := include "bear.numberSetting" (dict "env" $snapshotter.env "envField" "vllm.snapshotter.env" "name" "BEAR_SNAPSHOT_REFRESH_S" "value" 0.5 "field" "BEAR_SNAPSHOT_REFRESH_S") | fromJson -}}
 {{- $ttl := include "bear.numberSetting" (dict "env" $snapshotter.env "envField" "vllm.snapshotter.env" "name" "BEAR_SNAPSHOT_TTL_S" "value" 10 "field" "BEAR_SNAPSHOT_TTL_S") | fromJson -}}
 {{- $pollMs := include "bear.numberSetting" (dict "env" $snapshotter.env "envField" "vllm.snapshotter.env" "name" "BEAR_SNAPSHOTTER_POLL_INTERVAL_MS" "value" (default 5 $snapshotter.pollIntervalMs) "field" "vllm.snapshotter.pollIntervalMs") | fromJson -}}
