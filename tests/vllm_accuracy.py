@@ -76,6 +76,7 @@ class AccuracySettings:
     max_max_tokens: int = 128
     ttft_slo_ms: float = 600_000.0  # every estimate feasible: the policy routes, never sheds
     ttft_feedback_window: int = 64  # the router learns the API server's time (services/router/README.md)
+    in_process: bool = False  # the predictor and the estimator inside the router (BEAR_ROUTER_IN_PROCESS)
     engine: EngineSettings = EngineSettings(served_model_name=SERVED_MODEL, max_num_seqs=16, max_model_len=2048,
                                             max_num_batched_tokens=512)
 
@@ -303,15 +304,20 @@ def running_stack(vllm_python: str, work: Path, settings: AccuracySettings,
         environ.update(OTEL_SDK_DISABLED="true", BEAR_ROUTER_TOKENIZER="pretokens",
                        BEAR_ROUTER_TTFT_FEEDBACK_WINDOW=str(settings.ttft_feedback_window))
         common = ["--host=127.0.0.1", "--grpc-port=0", "--metrics-port=off"]
-        services = {}
-        for name, flags in (("predictor", [f"--model-dir={artifact}"]),
-                            ("estimator", [f"--redis-url={redis_server.url}", f"--predictor-model-dir={artifact}"])):
-            services[name] = ServiceProcess(name, [*common, *flags], environ, work)
-            services[name].start()
-            exits.callback(services[name].stop)
-        router = ServiceProcess("router", [*common, f"--redis-url={redis_server.url}",
-                                           f"--estimator-address={services['estimator'].address}",
-                                           f"--predictor-address={services['predictor'].address}"], environ, work)
+        if settings.in_process:
+            environ["BEAR_PREDICTOR_MODEL_DIR"] = str(artifact)
+            neighbours = ["--in-process=predictor,estimator"]
+        else:
+            services = {}
+            for name, flags in (("predictor", [f"--model-dir={artifact}"]),
+                                ("estimator", [f"--redis-url={redis_server.url}",
+                                               f"--predictor-model-dir={artifact}"])):
+                services[name] = ServiceProcess(name, [*common, *flags], environ, work)
+                services[name].start()
+                exits.callback(services[name].stop)
+            neighbours = [f"--estimator-address={services['estimator'].address}",
+                          f"--predictor-address={services['predictor'].address}"]
+        router = ServiceProcess("router", [*common, f"--redis-url={redis_server.url}", *neighbours], environ, work)
         router.start()
         exits.callback(router.stop)
         step_log = StepLog(server.region)
