@@ -54,9 +54,11 @@ def _bad_input(message: str) -> int:
 
 class EstimatorService:
     """Everything one estimator runs: the estimator, its Redis feed, remaining lengths, the servicer. Build it on
-    the event loop that will run it."""
+    the event loop that will run it. `discovery`: one its host runs already (the router, with the estimator in its
+    process), which it reads but neither starts nor stops; by default its own, from the settings."""
 
-    def __init__(self, config: EstimatorConfig, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, config: EstimatorConfig, clock: Callable[[], float] = time.time,
+                 discovery: Discovery | None = None) -> None:
         from bear.common import redis_keys
         from bear.common.redis_config import connect_async
         from bear.estimator.estimation import Estimator
@@ -72,7 +74,8 @@ class EstimatorService:
                                    dispatch_ttl_s=redis_keys.DISPATCH_TTL_S, request_key=router_request_id,
                                    default_output_tokens=config.default_output_tokens)
         self.redis = connect_async(config.redis)
-        self.discovery = _discovery(config)
+        self._owns_discovery = discovery is None
+        self.discovery = _discovery(config) if discovery is None else discovery
         self.feed = SnapshotFeed(
             self.estimator, self.redis, self.remaining,
             FeedSettings(resync_interval_s=config.resync_interval_s,
@@ -98,7 +101,7 @@ class EstimatorService:
         account, no kubeconfig) is a ServiceStartError, as in the router: the setting asks for what cannot be."""
         from bear.common.service import ServiceStartError
 
-        if self.discovery is None:
+        if self.discovery is None or not self._owns_discovery:
             return
         try:
             self.discovery.start()
@@ -111,7 +114,7 @@ class EstimatorService:
         await self.feed.run()
 
     async def close(self) -> None:
-        if self.discovery is not None:
+        if self.discovery is not None and self._owns_discovery:
             self.discovery.stop()
         await self._close_source()
         await self.redis.aclose()
@@ -167,7 +170,7 @@ async def serve(config: EstimatorConfig,
         raise
     unregister = register_feed(FeedCollector(service.estimator, service.feed, service.remaining))
     logger.info("estimator: Redis %s, remaining lengths from %s, snapshots older than %.2f s fall back to LPS",
-                config.redis.describe(), _remaining_description(config), config.max_snapshot_age_s)
+                config.redis.describe(), remaining_description(config), config.max_snapshot_age_s)
     try:
         await serve_until_stopped(service.settings(), service.register, on_ready, [service.run_background],
                                   [service.servicer.streams.close])
@@ -200,7 +203,7 @@ def _remaining_source(config: EstimatorConfig):  # noqa: ANN202 - (source | None
     return None, {}, nothing_to_close
 
 
-def _remaining_description(config: EstimatorConfig) -> str:
+def remaining_description(config: EstimatorConfig) -> str:
     if config.predictor_model_dir:
         return f"the predictor artifact {config.predictor_model_dir}"
     if config.predictor_address:

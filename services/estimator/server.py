@@ -38,11 +38,11 @@ class EstimatorServicer(estimator_pb2_grpc.EstimatorServicer):
         self._query_numbers = itertools.count()
         self._by_method: dict[Method, prometheus_client.Counter] = {}
         self.streams = CallStreamServer(self.answer, estimator_pb2.EstimateResult,  # .close() at shutdown
-                                        f"/{SERVICE_NAME}/EstimateStream", on_error=_failed)
+                                        f"/{SERVICE_NAME}/EstimateStream", on_error=count_error)
 
     async def Estimate(self, request: estimator_pb2.EstimateRequest,  # noqa: N802 - the proto's name
                        context: grpc.aio.ServicerContext) -> estimator_pb2.EstimateResponse:
-        return await answer_unary(self.answer(request), context, on_error=_failed)
+        return await answer_unary(self.answer(request), context, on_error=count_error)
 
     async def EstimateStream(self, calls: AsyncIterator[estimator_pb2.EstimateCall],  # noqa: N802
                              context: grpc.aio.ServicerContext) -> None:
@@ -94,7 +94,7 @@ class EstimatorServicer(estimator_pb2_grpc.EstimatorServicer):
                              self._estimator.pending_decode_tokens(instance_id) or 0.0)
 
 
-def _failed(code: grpc.StatusCode) -> None:
+def count_error(code: grpc.StatusCode) -> None:
     metrics.ERRORS.labels(code=code.name).inc()
 
 

@@ -47,11 +47,11 @@ class PredictorServicer(predictor_pb2_grpc.PredictorServicer):
         self._max_prompt_chars = max_prompt_chars
         self._max_remaining_queries = max_remaining_queries
         self.streams = CallStreamServer(self.answer, predictor_pb2.PredictResult,  # .close() at shutdown
-                                        f"/{SERVICE_NAME}/PredictStream", on_error=_predict_failed)
+                                        f"/{SERVICE_NAME}/PredictStream", on_error=count_predict_error)
 
     async def Predict(self, request: predictor_pb2.PredictRequest,  # noqa: N802 - the proto's name
                       context: grpc.aio.ServicerContext) -> predictor_pb2.PredictResponse:
-        return await answer_unary(self.answer(request), context, on_error=_predict_failed)
+        return await answer_unary(self.answer(request), context, on_error=count_predict_error)
 
     async def PredictStream(self, calls: AsyncIterator[predictor_pb2.PredictCall],  # noqa: N802
                             context: grpc.aio.ServicerContext) -> None:
@@ -93,7 +93,7 @@ class PredictorServicer(predictor_pb2_grpc.PredictorServicer):
             REQUEST_SECONDS.labels(method="ExpectedRemaining").observe(time.perf_counter() - started)
 
 
-def _predict_failed(code: grpc.StatusCode) -> None:
+def count_predict_error(code: grpc.StatusCode) -> None:
     ERRORS.labels(method="Predict", code=code.name).inc()
 
 

@@ -244,6 +244,8 @@ def in_process_services(text: str) -> frozenset[str]:
     names = [name.strip().lower() for name in text.split(",") if name.strip()]
     if names == ["none"]:
         return frozenset()
+    if "none" in names:
+        raise ValueError(f"BEAR_ROUTER_IN_PROCESS: none stands alone (it names neither service), got {text!r}")
     unknown = [name for name in names if name not in IN_PROCESS_SERVICES]
     if unknown:
         raise ValueError(f"BEAR_ROUTER_IN_PROCESS: unknown service {unknown[0]!r}; name predictor, estimator, both "

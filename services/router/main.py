@@ -81,7 +81,7 @@ async def build(config: RouterConfig, registry: CollectorRegistry | None = None,
     from bear.router import in_process, server, upstream
     from bear.router.pool import InstancePool
     from bear.router.query import Limits
-    from bear.router.router import Router, RouterSettings
+    from bear.router.router import Estimates, Predictions, Router, RouterSettings
     from bear.router.store import RedisStore
     from bear.router.telemetry import RouterMetrics, Telemetry
 
@@ -94,39 +94,47 @@ async def build(config: RouterConfig, registry: CollectorRegistry | None = None,
         raise ServiceStartError(f"bear serve router: BEAR_DISCOVERY={config.discovery.mode}: discovery "
                                 f"cannot start ({type(error).__name__}: {error})") from None
     closers: list[Callable[[], Awaitable[None]]] = [lambda: asyncio.to_thread(discovery.stop)]
-    await asyncio.to_thread(discovery.wait_until_synced, 10.0)
-    client = connect_async(config.redis)
-    client.set_retry(Retry(NoBackoff(), 0))  # one attempt per deadline; the store backs off
-    store = RedisStore(client, config.redis_timeout_s)
-    closers.append(store.close)
-    telemetry = Telemetry(tracer or otel_trace.get_tracer("bear.router"),
-                          RouterMetrics(REGISTRY if registry is None else registry))
-    try:
-        local = await in_process.start(config, registry=registry)
+    try:  # whatever was built is closed again if a later part fails
+        await asyncio.to_thread(discovery.wait_until_synced, 10.0)
+        # Before Redis: the embedded one would start first, and outlive a start-up interrupted while artifacts load.
+        local = await in_process.start(config, discovery, registry=registry)
+        closers.append(local.close)
+        client = connect_async(config.redis)
+        client.set_retry(Retry(NoBackoff(), 0))  # one attempt per deadline; the store backs off
+        store = RedisStore(client, config.redis_timeout_s)
+        closers.append(store.close)
+        telemetry = Telemetry(tracer or otel_trace.get_tracer("bear.router"),
+                              RouterMetrics(REGISTRY if registry is None else registry))
+        predictor: Predictions = local.predictor or _closed_with(
+            closers, upstream.GrpcPredictor(config.predictor_address, config.predictor_timeout_s,
+                                            config.call_streams, telemetry.tracing))
+        estimator: Estimates = local.estimator or _closed_with(
+            closers, upstream.GrpcEstimator(config.estimator_address, config.estimator_timeout_s,
+                                            config.call_streams, telemetry.tracing))
+        settings = RouterSettings(config.default_policy, config.lambda_per_micro_usd, config.horizon_factor,
+                                  config.default_output_tokens,
+                                  Limits(config.max_ttft_slo_ms, config.max_prompt_bytes, config.max_prompt_tokens),
+                                  config.fallback_snapshot_max_age_s, config.ttft_feedback_window,
+                                  config.recent_dispatches_s)
+        router = Router(settings, InstancePool(discovery.instances, discovery.pools, config.forget_after_s),
+                        predictor, estimator, store, policies, fallback, telemetry, tokenize)
+        closers.append(router.close)
     except BaseException:
         await _close_all(closers)
         raise
-    closers.append(lambda: asyncio.to_thread(local.unregister))
-    predictor = local.predictor or upstream.GrpcPredictor(config.predictor_address, config.predictor_timeout_s,
-                                                          config.call_streams, telemetry.tracing)
-    estimator = local.estimator or upstream.GrpcEstimator(config.estimator_address, config.estimator_timeout_s,
-                                                          config.call_streams, telemetry.tracing)
-    closers += [predictor.close, estimator.close]
-    settings = RouterSettings(config.default_policy, config.lambda_per_micro_usd, config.horizon_factor,
-                              config.default_output_tokens,
-                              Limits(config.max_ttft_slo_ms, config.max_prompt_bytes, config.max_prompt_tokens),
-                              config.fallback_snapshot_max_age_s, config.ttft_feedback_window,
-                              config.recent_dispatches_s)
-    router = Router(settings, InstancePool(discovery.instances, discovery.pools, config.forget_after_s),
-                    predictor, estimator, store, policies, fallback, telemetry, tokenize)
     logger.info("router: predictor %s, estimator %s, Redis %s, %d pool(s) (%s discovery), default policy %s, "
                 "fallback %s", _where(config, "predictor"), _where(config, "estimator"), config.redis.describe(),
                 len(discovery.pools), config.discovery.mode, config.default_policy, config.fallback_policy)
-    closers.append(router.close)
     servicer = server.RouterServicer(router)
     return RouterApp(router, lambda grpc_server: server.register(grpc_server, servicer),
                      [lambda: router.refresh_forever(config.refresh_interval_s), *local.background], closers,
                      [servicer.streams.close], servicer.malformed)
+
+
+def _closed_with(closers: list[Callable[[], Awaitable[None]]], neighbour: Any) -> Any:  # noqa: ANN401
+    """`neighbour`, its `close` added to `closers`."""
+    closers.append(neighbour.close)
+    return neighbour
 
 
 def _where(config: RouterConfig, service: str) -> str:

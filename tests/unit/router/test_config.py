@@ -94,7 +94,7 @@ def test_policy_parameters_are_json() -> None:
     ({"BEAR_ESTIMATOR_ADDRESS": "h\udcff:5"}, "BEAR_ESTIMATOR_ADDRESS is not UTF-8 text"),  # an undecodable byte
     ({"BEAR_ROUTER_IN_PROCESS": "predictor,redis"}, "BEAR_ROUTER_IN_PROCESS: unknown service 'redis'; name predictor, "
                                                     "estimator, both"),
-    ({"BEAR_ROUTER_IN_PROCESS": "none,estimator"}, "BEAR_ROUTER_IN_PROCESS: unknown service 'none'"),
+    ({"BEAR_ROUTER_IN_PROCESS": "none,estimator"}, "BEAR_ROUTER_IN_PROCESS: none stands alone"),
 ])
 def test_bad_settings_name_the_variable(environ: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
