@@ -18,15 +18,20 @@ import pytest
 import redis
 from prometheus_client import CollectorRegistry
 
-from bear.common import redis_keys
 from bear.common.redis_config import RedisConfig
 from bear.router import main
 from bear.router.client import RouterClient
 from bear.router.config import RouterConfig
-from tests.integration.test_router_with_services import Snapshotters
+from tests.integration.test_router_with_services import (
+    Snapshotters,
+    a_stale_snapshot_is_estimated_otherwise,
+    dispatches_count_ahead,
+    routes_end_to_end,
+    wait_for_replay,
+)
 from tests.redis_server import RedisServer
 from tests.router_fakes import THREE_INSTANCES, LoopThread, register_instances
-from tests.router_stack import Load, wait_until
+from tests.router_stack import Load
 
 BOTH = frozenset({"predictor", "estimator"})
 
@@ -58,8 +63,7 @@ class Deployment:
                               estimator_address="127.0.0.1:1", predictor_address="127.0.0.1:1")
         self.router = self.loop.run(main.start(config, CollectorRegistry()))
         self.client = RouterClient(f"127.0.0.1:{self.router.port}", timeout_s=5.0)
-        wait_until(lambda: {c.ttft_method for c in self.client.route(
-            "Warm up.", ttft_slo_ms=1000.0).candidates} == {"replay"}, timeout_s=30)
+        wait_for_replay(self.client)
 
     def close(self) -> None:
         self.client.close()
@@ -78,35 +82,15 @@ def deployment(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Dep
 
 
 def test_route_end_to_end(deployment: Deployment) -> None:
-    prompt = "Summarize the following government report.\n\n" + "The agency audit reviews the grant program. " * 40
-    decision = deployment.client.route(prompt, ttft_slo_ms=400.0, request_id="in-process-1")
-    assert not decision.degraded and decision.policy == "bear" and decision.instance_id
-    by_id = {c.instance_id: c for c in decision.candidates}
-    assert set(by_id) == {"small-0", "medium-0", "large-0"}
-    for candidate in by_id.values():
-        assert candidate.ttft_method == "replay" and candidate.ttft_known
-        assert 0.0 <= candidate.predicted_accuracy <= 1.0 and candidate.predicted_output_tokens >= 1
-        assert candidate.prompt_tokens > 300 and candidate.predicted_cost_micro_usd > 0
-    assert by_id["small-0"].predicted_ttft_ms > by_id["medium-0"].predicted_ttft_ms
-    assert wait_until(lambda: deployment.redis.get(redis_keys.dispatch_key("in-process-1")))
+    routes_end_to_end(deployment.client, deployment.redis, "in-process-1")
 
 
 def test_dispatches_reach_the_estimator(deployment: Deployment) -> None:
-    first = deployment.client.route(prompt_tokens=6000, ttft_slo_ms=5000.0, allowed_models=["Qwen3-8B"],
-                                    request_id="ahead")
-    assert first.instance_id == "medium-0"
-    second = deployment.client.route(prompt_tokens=6000, ttft_slo_ms=5000.0, allowed_models=["Qwen3-8B"],
-                                     policy="round-robin")
-    assert second.candidates[0].predicted_ttft_ms > first.candidates[0].predicted_ttft_ms * 1.5
+    dispatches_count_ahead(deployment.client)
 
 
 def test_a_stale_snapshot_is_estimated_otherwise(deployment: Deployment) -> None:
-    deployment.snapshotters.go_stale("large-0")
-    time.sleep(2.5)  # past the estimator's 2 s limit
-    decision = deployment.client.route("Give three tips for staying healthy.", ttft_slo_ms=1000.0)
-    methods = {c.instance_id: c.ttft_method for c in decision.candidates}
-    assert methods["small-0"] == methods["medium-0"] == "replay" and methods["large-0"] in ("lps", "none")
-    assert not decision.degraded
+    a_stale_snapshot_is_estimated_otherwise(deployment.snapshotters, deployment.client)
 
 
 def test_redis_restarted_under_load(deployment: Deployment) -> None:
@@ -119,8 +103,7 @@ def test_redis_restarted_under_load(deployment: Deployment) -> None:
     register_instances(deployment.redis, THREE_INSTANCES, ttl_s=600)
     result = load.join()
     assert result.errors == [] and len(result.decisions) == 200
-    assert wait_until(lambda: {c.ttft_method for c in deployment.client.route(
-        "After the restart.", ttft_slo_ms=1000.0).candidates} == {"replay"}, timeout_s=30)
+    wait_for_replay(deployment.client)
 
 
 def test_settings_it_cannot_use_name_themselves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -163,8 +146,7 @@ def test_serve_router_in_process_as_a_process(model_dir: Path, tmp_path: Path) -
         ports = dict(part.split("=") for part in line.split())
         router = RouterClient(f"127.0.0.1:{ports['grpc_port']}", timeout_s=5.0)
         try:
-            assert wait_until(lambda: {c.ttft_method for c in router.route(
-                "Warm up.", ttft_slo_ms=1000.0).candidates} == {"replay"}, timeout_s=30)
+            wait_for_replay(router)
         finally:
             router.close()
         # The in-process services' metrics are on the router's /metrics.

@@ -150,6 +150,12 @@ class Backends:
         self.redis_server.stop()
 
 
+def wait_for_replay(client: RouterClient) -> None:
+    """Until every instance is estimated by replay: the estimator has their snapshots."""
+    assert wait_until(lambda: {c.ttft_method for c in client.route(
+        "Warm up.", ttft_slo_ms=1000.0).candidates} == {"replay"}, timeout_s=30)
+
+
 class Deployment:
     def __init__(self, tmp_path: Path) -> None:
         self.backends = Backends(tmp_path, estimators=("estimator",))
@@ -160,9 +166,7 @@ class Deployment:
         self.registry = CollectorRegistry()
         self.router = self.loop.run(main.start(self.backends.router_config(self.estimator), self.registry))
         self.client = RouterClient(f"127.0.0.1:{self.router.port}", timeout_s=5.0)
-        # The estimator has the snapshots once it estimates by replay.
-        wait_until(lambda: {c.ttft_method for c in self.client.route(
-            "Warm up.", ttft_slo_ms=1000.0).candidates} == {"replay"}, timeout_s=30)
+        wait_for_replay(self.client)
 
     def close(self) -> None:
         self.client.close()
@@ -178,9 +182,10 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
     deployment.close()
 
 
-def test_route_end_to_end(deployment: Deployment) -> None:
+def routes_end_to_end(client: RouterClient, store: redis.Redis, request_id: str) -> None:
+    """A Route by replay on every instance, with predictions, whose dispatch reaches Redis."""
     prompt = "Summarize the following government report.\n\n" + "The agency audit reviews the grant program. " * 40
-    decision = deployment.client.route(prompt, ttft_slo_ms=400.0, request_id="e2e-1")
+    decision = client.route(prompt, ttft_slo_ms=400.0, request_id=request_id)
     assert not decision.degraded and decision.policy == "bear" and decision.instance_id
     by_id = {c.instance_id: c for c in decision.candidates}
     assert set(by_id) == {"small-0", "medium-0", "large-0"}
@@ -190,34 +195,40 @@ def test_route_end_to_end(deployment: Deployment) -> None:
         assert candidate.prompt_tokens > 300 and candidate.predicted_cost_micro_usd > 0
     # The busy instance (six 3000-token prompts queued) is slower than the idle one.
     assert by_id["small-0"].predicted_ttft_ms > by_id["medium-0"].predicted_ttft_ms
-    assert wait_until(lambda: deployment.redis.get(redis_keys.dispatch_key("e2e-1")))
+    assert wait_until(lambda: store.get(redis_keys.dispatch_key(request_id)))
+
+
+def dispatches_count_ahead(client: RouterClient) -> None:
+    """A query routed to an instance is ahead of the next one there, before any snapshot shows it."""
+    first = client.route(prompt_tokens=6000, ttft_slo_ms=5000.0, allowed_models=["Qwen3-8B"], request_id="ahead")
+    assert first.instance_id == "medium-0"
+    before = first.candidates[0].predicted_ttft_ms
+    # At once: the router sends its latest dispatches along with the next Estimate call (Redis and the estimator's
+    # 50 ms poll would take longer); the first query's 6000-token prefill now comes first.
+    second = client.route(prompt_tokens=6000, ttft_slo_ms=5000.0, allowed_models=["Qwen3-8B"], policy="round-robin")
+    assert second.candidates[0].predicted_ttft_ms > before * 1.5
+
+
+def test_route_end_to_end(deployment: Deployment) -> None:
+    routes_end_to_end(deployment.client, deployment.redis, "e2e-1")
 
 
 def test_dispatches_reach_the_estimator(deployment: Deployment) -> None:
-    """A query routed to an instance is ahead of the next one there, before any snapshot shows it."""
-    first = deployment.client.route(prompt_tokens=6000, ttft_slo_ms=5000.0, allowed_models=["Qwen3-8B"],
-                                    request_id="ahead")
-    assert first.instance_id == "medium-0"
-    before = first.candidates[0].predicted_ttft_ms
-
-    def second_ttft() -> float:
-        decision = deployment.client.route(prompt_tokens=6000, ttft_slo_ms=5000.0, allowed_models=["Qwen3-8B"],
-                                           policy="round-robin")
-        return decision.candidates[0].predicted_ttft_ms
-
-    # At once: the router sends its latest dispatches along with the next Estimate call (Redis and the estimator's
-    # 50 ms poll would take longer); the first query's 6000-token prefill now comes first.
-    assert second_ttft() > before * 1.5
+    dispatches_count_ahead(deployment.client)
 
 
-def test_a_stale_snapshot_is_estimated_otherwise_and_routing_goes_on(deployment: Deployment) -> None:
-    deployment.snapshotters.go_stale("large-0")
+def a_stale_snapshot_is_estimated_otherwise(snapshotters: Snapshotters, client: RouterClient) -> None:
+    snapshotters.go_stale("large-0")
     time.sleep(2.5)  # past the estimator's 2 s limit
-    decision = deployment.client.route("Give three tips for staying healthy.", ttft_slo_ms=1000.0)
+    decision = client.route("Give three tips for staying healthy.", ttft_slo_ms=1000.0)
     methods = {c.instance_id: c.ttft_method for c in decision.candidates}
     assert methods["small-0"] == methods["medium-0"] == "replay" and methods["large-0"] in ("lps", "none")
     assert not decision.degraded
     assert next(c for c in decision.candidates if c.instance_id == "large-0").snapshot_age_ms > 2000
+
+
+def test_a_stale_snapshot_is_estimated_otherwise_and_routing_goes_on(deployment: Deployment) -> None:
+    a_stale_snapshot_is_estimated_otherwise(deployment.snapshotters, deployment.client)
 
 
 def test_estimator_then_predictor_killed_under_load(deployment: Deployment) -> None:
