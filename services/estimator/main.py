@@ -20,6 +20,7 @@ from bear.estimator.config import FLAGS, EstimatorConfig, load
 if TYPE_CHECKING:
     from bear.common.service import RunningServer, ServerSettings
     from bear.discovery.instances import Discovery
+    from bear.predictor.artifact import PredictorArtifact
 
 logger = logging.getLogger("bear.estimator")
 
@@ -55,10 +56,11 @@ def _bad_input(message: str) -> int:
 class EstimatorService:
     """Everything one estimator runs: the estimator, its Redis feed, remaining lengths, the servicer. Build it on
     the event loop that will run it. `discovery`: one its host runs already (the router, with the estimator in its
-    process), which it reads but neither starts nor stops; by default its own, from the settings."""
+    process), which it reads but neither starts nor stops; by default its own, from the settings. `artifact`: the
+    predictor artifact of `config.predictor_model_dir` where its host has loaded it already (not loaded again)."""
 
     def __init__(self, config: EstimatorConfig, clock: Callable[[], float] = time.time,
-                 discovery: Discovery | None = None) -> None:
+                 discovery: Discovery | None = None, artifact: PredictorArtifact | None = None) -> None:
         from bear.common import redis_keys
         from bear.common.redis_config import connect_async
         from bear.estimator.estimation import Estimator
@@ -68,7 +70,7 @@ class EstimatorService:
         from bear.estimator.snapshot_feed import FeedSettings, SnapshotFeed
 
         self.config = config
-        source, mean_lengths, self._close_source = _remaining_source(config)
+        source, mean_lengths, self._close_source = _remaining_source(config, artifact)
         self.remaining = RemainingLengths(source)
         self.estimator = Estimator(self.remaining.lookup, mean_lengths, max_snapshot_age_s=config.max_snapshot_age_s,
                                    dispatch_ttl_s=redis_keys.DISPATCH_TTL_S, request_key=router_request_id,
@@ -179,7 +181,8 @@ async def serve(config: EstimatorConfig,
         await service.close()
 
 
-def _remaining_source(config: EstimatorConfig):  # noqa: ANN202 - (source | None, mean lengths, async close)
+def _remaining_source(config: EstimatorConfig,  # noqa: ANN202 - (source | None, mean lengths, async close)
+                      artifact: PredictorArtifact | None = None):
     """Where residents' remaining lengths come from: the artifact here, else the predictor service, else none (the
     stated fallback)."""
     from pathlib import Path
@@ -192,7 +195,7 @@ def _remaining_source(config: EstimatorConfig):  # noqa: ANN202 - (source | None
     if config.predictor_model_dir:
         from bear.predictor.artifact import PredictorArtifact
 
-        artifact = PredictorArtifact.load(Path(config.predictor_model_dir))
+        artifact = artifact or PredictorArtifact.load(Path(config.predictor_model_dir))
         mean_lengths = {name: baseline.output_tokens for name, baseline in artifact.baselines.items()}
         return artifact_source(artifact.length_distributions), mean_lengths, nothing_to_close
     if config.predictor_address:

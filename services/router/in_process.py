@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from bear.discovery.instances import Discovery
+    from bear.predictor.artifact import PredictorArtifact
     from bear.estimator.main import EstimatorService
     from bear.predictor.main import PredictorService
     from bear.router.config import RouterConfig
@@ -42,6 +43,10 @@ class InProcessPredictor:
         from bear.predictor.server import count_predict_error
 
         self._service, self._timeout_s, self._on_error = service, timeout_s, count_predict_error
+
+    @property
+    def artifact(self) -> PredictorArtifact:
+        return self._service.predictor.artifact
 
     async def predict(self, prompt: str) -> dict[str, ModelPrediction]:
         answer = self._service.servicer.answer
@@ -130,7 +135,8 @@ async def start(config: RouterConfig, discovery: Discovery, environ: Mapping[str
         if "predictor" in config.in_process:
             built.predictor = InProcessPredictor(_predictor_service(environ), config.predictor_timeout_s)
         if "estimator" in config.in_process:
-            service = _estimator_service(config, environ, discovery)
+            loaded = built.predictor.artifact if built.predictor is not None else None
+            service = _estimator_service(config, environ, discovery, loaded)
             built.estimator = InProcessEstimator(service, config.estimator_timeout_s)
             built.background = (service.run_background,)
             if registry is None:  # the process's default registry, where the estimator's own metrics are
@@ -157,9 +163,11 @@ def _predictor_service(environ: Mapping[str, str]) -> PredictorService:
         raise ValueError(f"BEAR_ROUTER_IN_PROCESS=predictor: {error}") from None
 
 
-def _estimator_service(config: RouterConfig, environ: Mapping[str, str], discovery: Discovery) -> EstimatorService:
+def _estimator_service(config: RouterConfig, environ: Mapping[str, str], discovery: Discovery,
+                       loaded: PredictorArtifact | None) -> EstimatorService:
     """Residents' remaining lengths come from the estimator's own settings (BEAR_PREDICTOR_MODEL_DIR, then
-    BEAR_PREDICTOR_ADDRESS) or, where they name neither, from the predictor the router calls."""
+    BEAR_PREDICTOR_ADDRESS) or, where they name neither, from the predictor the router calls. `loaded`: the
+    in-process predictor's artifact, which BEAR_PREDICTOR_MODEL_DIR names for both (not loaded twice)."""
     from bear.estimator.config import load
     from bear.estimator.main import EstimatorService, remaining_description
     from bear.predictor.artifact import ArtifactError
@@ -168,7 +176,7 @@ def _estimator_service(config: RouterConfig, environ: Mapping[str, str], discove
         settings = dataclasses.replace(load({}, None, environ), redis=config.redis, discovery=config.discovery)
         if not (settings.predictor_model_dir or settings.predictor_address or "predictor" in config.in_process):
             settings = dataclasses.replace(settings, predictor_address=config.predictor_address)
-        service = EstimatorService(settings, discovery=discovery)
+        service = EstimatorService(settings, discovery=discovery, artifact=loaded)
     except (ValueError, ArtifactError, OSError) as error:
         raise ValueError(f"BEAR_ROUTER_IN_PROCESS=estimator: {error}") from None
     logger.info("in-process estimator: remaining lengths from %s, snapshots older than %.2f s fall back to LPS",

@@ -123,3 +123,23 @@ def test_a_missing_artifact_names_the_variable_the_router_reads() -> None:
     with pytest.raises(ValueError, match=r"^BEAR_ROUTER_IN_PROCESS=predictor: BEAR_PREDICTOR_MODEL_DIR is required: "
                                          r"the predictor artifact"):
         asyncio.run(started(config("predictor"), {"BEAR_PREDICTOR_MODEL_DIR": " "}))
+
+
+def test_with_both_in_process_the_artifact_is_loaded_once(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bear.predictor.artifact import PredictorArtifact
+
+    loads: list[object] = []
+    load = PredictorArtifact.load
+
+    def counted(folder: object) -> PredictorArtifact:
+        loads.append(folder)
+        return load(folder)
+
+    monkeypatch.setattr(PredictorArtifact, "load", staticmethod(counted))
+
+    async def run() -> None:
+        built = await started(config("predictor", "estimator"), {"BEAR_PREDICTOR_MODEL_DIR": str(model_dir)})
+        await built.close()
+
+    asyncio.run(run())
+    assert len(loads) == 1
