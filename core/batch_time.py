@@ -6,6 +6,14 @@ Features are exact integers. A time over many batches is evaluated once on their
 (`time_s`), by both the compiled core and the Python reference, so the two agree to the last bit however the batches
 were summed.
 
+An engine's speed drifts on shorter scales than a fit describes (the host's other work, clocks). What drifts is the
+work every step does whatever its tokens, and decode attention: a snapshot's `step_time_ratio` scales b0 and b2 alone
+(`at_speed`), and is measured on those terms (`step_time_ratio`). On two runs against a real vLLM server here, the
+ratio of the 8 steps before, applied to all four terms, took decode-only steps' median error from 9–10% to 5.5% but
+made steps with prefill chunks worse (mixed steps 5.4% → 8.0–8.5%, prefill-only 5.6–8.0% → 7.2–7.7%); on b0 and b2
+alone it kept the decode steps' gain and left mixed steps at 5.4–5.5%, prefill-only ones at 5.1–7.3% — and the
+query's own prefill makes most of a TTFT.
+
 Calibration is non-negative least squares with every row divided by its measured time, so the fit minimises relative
 error — what MAPE measures. Unweighted fits let the many long steps dominate: on a real vLLM step log they over-predict
 the dominant decode-only steps and under-predict small prefill steps by 11–16%.
@@ -43,10 +51,20 @@ class BatchTimeCoefficients:
         return BatchTimeCoefficients(self.b0 * factor, self.b1 * factor, self.b2 * factor, self.b3 * factor)
 
     def at_speed(self, step_time_ratio: float) -> BatchTimeCoefficients:
-        """Scaled by a snapshot's `step_time_ratio` where it is known (a finite number > 0); else as they are."""
+        """At a snapshot's `step_time_ratio` where it is known (a finite number > 0; else as they are): the per-step
+        and decode-attention terms (b0, b2) multiplied by it, the per-token and prefill-attention terms (b1, b3) as
+        fitted. The inverse of `step_time_ratio`."""
         if math.isfinite(step_time_ratio) and step_time_ratio > 0:
-            return self.scaled(step_time_ratio)
+            return BatchTimeCoefficients(self.b0 * step_time_ratio, self.b1, self.b2 * step_time_ratio, self.b3)
         return self
+
+    def step_time_ratio(self, features: BatchFeatures, measured_s: float) -> float | None:
+        """The factor on the per-step and decode-attention terms (b0, b2) that gives one step of `features` its
+        `measured_s`, the other terms as fitted (at least 0); None when the step has neither term (b0 and b2 zero)."""
+        varying_s = self.b0 + self.b2 * features.decode_context
+        if varying_s <= 0:
+            return None
+        return max(0.0, measured_s - self.b1 * features.num_tokens - self.b3 * features.prefill_attention) / varying_s
 
     def time_s(self, features: BatchFeatures, num_batches: int = 1) -> float:
         """Time of `num_batches` batches whose features sum to `features` (the one evaluation order)."""

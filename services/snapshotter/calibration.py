@@ -11,10 +11,12 @@ together with the prefill throughput θ of eq. 8 (`bear.core.prefill_throughput`
 of them has prefill tokens).
 
 The fit describes the engine over thousands of steps; its speed drifts on shorter scales (the host's other work, clock
-changes). `recent_time_ratio` tells how fast the latest `recent_steps` steps ran against the fit: the median of
-measured ÷ predicted, with one odd step outvoted. On a real vLLM server here, whose steps vary 10-28 ms for the same
-composition in stretches (consecutive steps' durations correlate at 0.58), scaling eq. 12 by the ratio of the 8 steps
-before took its per-step MAPE from 17% to 9.5%. A ratio far from 1 (outside [1 / OFF_RATIO, OFF_RATIO]) is no drift
+changes). `recent_time_ratio` tells how fast the latest `recent_steps` steps ran against the fit: the median of each
+step's `BatchTimeCoefficients.step_time_ratio` (the factor on the per-step and decode-attention terms, b0 and b2, that
+gives it its measured time), with one odd step outvoted. On a real vLLM server here, whose steps vary 10-28 ms for the
+same composition in stretches (consecutive steps' durations correlate at 0.58), scaling eq. 12 by the ratio of the 8
+steps before took its per-step MAPE from 17% to 9.5%; applied to all four terms it made steps with prefill chunks
+worse, on b0 and b2 alone it does not (`bear.core.batch_time`). A ratio far from 1 (outside [1 / OFF_RATIO, OFF_RATIO]) is no drift
 but a fit that does not describe the engine's current batches, such as a first fit on 50 steps of few residents
 followed by bigger batches (the demo's 8B: 3-20x too slow, for the 2 s until the next fit): the refit then comes after
 FAST_REFIT_S, not the usual interval.
@@ -87,13 +89,14 @@ class OnlineCalibrator:
         return message
 
     def recent_time_ratio(self) -> float:
-        """Median of measured ÷ predicted (by the latest fit) over the latest `recent_steps` steps; 0 when there is no
-        fit, no step, or the ratio is turned off."""
+        """Median, over the latest `recent_steps` steps, of the factor on the latest fit's per-step and
+        decode-attention terms that gives each step its measured time (`BatchTimeCoefficients.step_time_ratio`); 0
+        when there is no fit, no step, or the ratio is turned off."""
         if self._fitted is None or self._recent_steps == 0 or not self._samples:
             return 0.0
         count = min(self._recent_steps, len(self._samples))
         recent = [self._samples[-i] for i in range(count, 0, -1)]
-        ratios = [t / predicted for f, t in recent if (predicted := self._fitted.time_s(f)) > 0]
+        ratios = [ratio for f, t in recent if (ratio := self._fitted.step_time_ratio(f, t)) is not None]
         return float(np.median(ratios)) if ratios else 0.0
 
 

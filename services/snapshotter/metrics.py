@@ -22,7 +22,9 @@
     bear_snapshotter_calibration_samples               steps in that fit
     bear_snapshotter_calibration_age_seconds           now − when the fit was made
     bear_snapshotter_step_time_ratio                   the engine's speed over its latest steps against the fit
-                                                       (measured ÷ predicted, median; the snapshot's step_time_ratio)
+                                                       (the factor on its per-step and decode-attention terms that
+                                                       gives each step its measured time, median; the snapshot's
+                                                       step_time_ratio)
 """
 
 from __future__ import annotations
@@ -74,8 +76,9 @@ class SnapshotterCollector(Collector):
             yield GaugeMetricFamily("bear_snapshotter_engine_state_age_seconds", "Now minus when the engine last "
                                     "wrote its state (grows while it is idle)", value=max(0.0, now - latest.taken_at_s))
             if latest.step_time_ratio > 0:
-                yield GaugeMetricFamily("bear_snapshotter_step_time_ratio", "The engine's latest steps' measured "
-                                        "over eq. 12-predicted durations, median", value=latest.step_time_ratio)
+                yield GaugeMetricFamily("bear_snapshotter_step_time_ratio", "The factor on eq. 12's per-step and "
+                                        "decode-attention terms that gives the engine's latest steps their measured "
+                                        "durations, median", value=latest.step_time_ratio)
             residents = GaugeMetricFamily("bear_snapshotter_residents", "Requests in the latest state",
                                           labels=["queue"])
             residents.add_metric(["running"], len(latest.running))

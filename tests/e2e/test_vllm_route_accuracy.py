@@ -10,7 +10,9 @@ here: client MAPE 8.7-14.7%, median 5.5-11.6% (vLLM at the lowest CPU priority, 
 that, stalls of 300-1,400 ms gave MAPE 25-67%). The rate follows the engine's speed (`AccuracySettings.load`): on an
 AVX2-only EPYC, ~6x slower for this engine, the same run took 7.5 min and gave MAPE 13.2%, median 12.3%. On a Xeon
 VM whose steps vary 10-28 ms for the same composition (eq. 12 alone 17-22% per step), scaling eq. 12 by the engine's
-recent speed (`step_time_ratio`) took two seeds from median 18.0% / 11.4% to 13.7% / 10.1%. What is asserted is what
+recent speed (`step_time_ratio`) took two seeds from median 18.0% / 11.4% to 13.7% / 10.1%; scaling only its per-step
+and decode-attention terms by it (2026-12-06) took seeds 1 / 2 here from 9.2 / 9.6% to 7.1 / 8.5% (MAPE 10.0 / 11.2%),
+and with the services in the router's process, seeds 1-5, to 5.5-6.4% (MAPE 7.0-9.6%). What is asserted is what
 must hold whatever the load: every query
 routed and answered, token counts equal to the engine's, every engine step seen, nearly every estimate from the
 replay, the replay's batch count exact for most queries when re-done from the snapshot the estimator had, and errors

@@ -104,4 +104,17 @@ def test_scaled_coefficients_scale_every_batch_time() -> None:
         with pytest.raises(ValueError, match="finite number > 0"):
             coefficients.scaled(factor)
         assert coefficients.at_speed(factor) == coefficients  # not a known speed
-    assert coefficients.at_speed(0.8) == coefficients.scaled(0.8)
+    assert coefficients.at_speed(0.8) == BatchTimeCoefficients(b0=0.8 * 4e-3, b1=2e-5, b2=0.8 * 1e-8, b3=1e-9)
+
+
+@pytest.mark.parametrize("entries", [[(0, 1, 2000), (0, 1, 50)], [(300, 0, 100), (0, 1, 2000)], [(512, 0, 0)]])
+def test_a_steps_time_ratio_is_the_speed_that_gives_it_its_measured_time(entries: list[tuple[int, int, int]]) -> None:
+    """The ratio scales the per-step and decode-attention terms alone (`at_speed`), and is their inverse."""
+    coefficients = BatchTimeCoefficients(b0=4e-3, b1=2e-5, b2=1e-8, b3=1e-9)
+    features = BatchFeatures.of_batch(entries)
+    for ratio in (0.7, 1.0, 1.3, 3.0):
+        measured = coefficients.at_speed(ratio).time_s(features)
+        assert coefficients.step_time_ratio(features, measured) == pytest.approx(ratio, rel=1e-12)
+    fixed = coefficients.b1 * features.num_tokens + coefficients.b3 * features.prefill_attention
+    assert coefficients.step_time_ratio(features, fixed / 2) == 0.0  # faster than the terms that do not drift
+    assert BatchTimeCoefficients(0.0, 2e-5, 0.0, 1e-9).step_time_ratio(features, 1e-3) is None  # nothing to scale

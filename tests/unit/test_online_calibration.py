@@ -16,15 +16,17 @@ TRUE = BatchTimeCoefficients(b0=4e-3, b1=2e-5, b2=1e-8, b3=1e-9)
 
 
 def step(rng: random.Random, coefficients: BatchTimeCoefficients = TRUE, noise: float = 0.03,
-         stall: float = 1.0) -> calibration_pb2.BatchRecord:
-    """A step with random decodes and maybe a prefill chunk, lasting what `coefficients` say (± noise) × stall."""
+         stall: float = 1.0, slowdown: float = 1.0) -> calibration_pb2.BatchRecord:
+    """A step with random decodes and maybe a prefill chunk, lasting what `coefficients` at speed `slowdown` say
+    (± noise) × stall."""
     entries = [calibration_pb2.BatchEntry(num_decode_tokens=1, num_context_tokens=rng.randint(10, 4000))
                for _ in range(rng.randint(1, 64))]
     if rng.random() < 0.5:
         entries.append(calibration_pb2.BatchEntry(num_prefill_tokens=rng.randint(16, 2048),
                                                   num_context_tokens=rng.choice([0, rng.randint(0, 4000)])))
     record = calibration_pb2.BatchRecord(entries=entries)
-    record.duration_s = coefficients.time_s(features_from_record(record)) * rng.uniform(1 - noise, 1 + noise) * stall
+    record.duration_s = (coefficients.at_speed(slowdown).time_s(features_from_record(record))
+                          * rng.uniform(1 - noise, 1 + noise) * stall)
     return record
 
 
@@ -91,15 +93,15 @@ def test_a_fit_the_recent_steps_are_far_from_is_refitted_sooner() -> None:
     calibrator = OnlineCalibrator(window=200, min_samples=20, refit_interval_s=5.0, recent_steps=8)
     calibrator.add(step(rng, noise=0.0) for _ in range(100))
     assert calibrator.refit_if_due(0.0) is not None
-    calibrator.add(step(rng, noise=0.0, stall=1.3) for _ in range(8))  # drift the ratio takes care of
+    calibrator.add(step(rng, noise=0.0, slowdown=1.3) for _ in range(8))  # drift the ratio takes care of
     assert calibrator.recent_time_ratio() == pytest.approx(1.3) and calibrator.refit_if_due(0.3) is None
-    calibrator.add(step(rng, noise=0.0, stall=3.0) for _ in range(120))  # steps the fit does not describe
+    calibrator.add(step(rng, noise=0.0, slowdown=3.0) for _ in range(200))  # steps the fit does not describe
     assert calibrator.recent_time_ratio() == pytest.approx(3.0)
     assert calibrator.refit_if_due(0.2) is None  # not at every poll
     fitted = calibrator.refit_if_due(0.3)
     assert fitted is not None and fitted.intercept_s == pytest.approx(3 * TRUE.b0, rel=0.05)
     assert calibrator.recent_time_ratio() == pytest.approx(1.0, rel=0.05)
-    calibrator.add(step(rng, noise=0.0, stall=3.0) for _ in range(8))
+    calibrator.add(step(rng, noise=0.0, slowdown=3.0) for _ in range(8))
     assert calibrator.refit_if_due(0.6) is None  # described again: the usual interval
 
 
@@ -150,7 +152,7 @@ def test_the_recent_ratio_follows_a_slowdown_the_fit_has_not_seen_yet() -> None:
     calibrator.add(step(rng, noise=0.0) for _ in range(400))
     assert calibrator.refit_if_due(now_s=0.0) is not None
     assert calibrator.recent_time_ratio() == pytest.approx(1.0, rel=1e-6)
-    calibrator.add(step(rng, noise=0.0, stall=1.3) for _ in range(8))  # the host got busy; no refit (interval)
+    calibrator.add(step(rng, noise=0.0, slowdown=1.3) for _ in range(8))  # the host got busy; no refit (interval)
     assert calibrator.refit_if_due(now_s=1.0) is None
     assert calibrator.recent_time_ratio() == pytest.approx(1.3, rel=1e-6)
     calibrator.add([step(rng, noise=0.0, stall=10.0)] + [step(rng, noise=0.0) for _ in range(7)])

@@ -112,11 +112,12 @@ def test_the_engine_speed_of_the_snapshot_scales_the_replay(ratio: float) -> Non
         await adopt(world, ratio)
         scaled = world.estimate("a", prompt=300)
         calibration = world.estimator.calibration("a")
-        assert calibration is not None and calibration.coefficients == fitted.scaled(ratio)
+        assert calibration is not None and calibration.coefficients == fitted.at_speed(ratio) != fitted
         assert plain.method is scaled.method is Method.REPLAY and scaled.num_batches == plain.num_batches
         assert plain.ttft_s is not None and scaled.ttft_s is not None  # the replay runs from the snapshot:
         from_snapshot = plain.ttft_s + plain.snapshot_age_s, scaled.ttft_s + scaled.snapshot_age_s
-        assert from_snapshot[1] == pytest.approx(ratio * from_snapshot[0], rel=1e-6)
+        # slower (faster) by less than the ratio: the query's prefill tokens cost what the fit says
+        assert min(1.0, ratio) * from_snapshot[0] < from_snapshot[1] < max(1.0, ratio) * from_snapshot[0]
         for unknown in (0.0, -1.0, math.nan, math.inf):  # not a speed: the fit as it is
             await adopt(world, unknown)
             calibration = world.estimator.calibration("a")
