@@ -16,9 +16,10 @@ step's `BatchTimeCoefficients.step_time_ratio` (the factor on the per-step and d
 gives it its measured time), with one odd step outvoted. On a real vLLM server here, whose steps vary 10-28 ms for the
 same composition in stretches (consecutive steps' durations correlate at 0.58), scaling eq. 12 by the ratio of the 8
 steps before took its per-step MAPE from 17% to 9.5%; applied to all four terms it made steps with prefill chunks
-worse, on b0 and b2 alone it does not (`bear.core.batch_time`). A ratio far from 1 (outside [1 / OFF_RATIO, OFF_RATIO]) is no drift
-but a fit that does not describe the engine's current batches, such as a first fit on 50 steps of few residents
-followed by bigger batches (the demo's 8B: 3-20x too slow, for the 2 s until the next fit): the refit then comes after
+worse, on b0 and b2 alone it does not (`bear.core.batch_time`). Latest steps far from what the fit says (their
+median measured ÷ predicted time outside [1 / OFF_RATIO, OFF_RATIO], whichever term is off) are no drift but a fit
+that does not describe the engine's current batches, such as a first fit on 50 steps of few residents followed by
+bigger batches (the demo's 8B: 3-20x too slow, for the 2 s until the next fit): the refit then comes after
 FAST_REFIT_S, not the usual interval.
 """
 
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -71,7 +72,7 @@ class OnlineCalibrator:
             return None
         interval = self._refit_interval_s
         if interval > FAST_REFIT_S and self._fitted is not None:
-            ratio = self.recent_time_ratio()
+            ratio = self._recent_median(lambda f, t, fitted: t / p if (p := fitted.time_s(f)) > 0 else None)
             if ratio > 0 and not 1 / OFF_RATIO <= ratio <= OFF_RATIO:
                 interval = FAST_REFIT_S
         if now_s - self._last_fit_at_s < interval:
@@ -92,11 +93,16 @@ class OnlineCalibrator:
         """Median, over the latest `recent_steps` steps, of the factor on the latest fit's per-step and
         decode-attention terms that gives each step its measured time (`BatchTimeCoefficients.step_time_ratio`); 0
         when there is no fit, no step, or the ratio is turned off."""
+        return self._recent_median(lambda f, t, fitted: fitted.step_time_ratio(f, t))
+
+    def _recent_median(self, ratio: Callable[[BatchFeatures, float, BatchTimeCoefficients], float | None]) -> float:
+        """Median of `ratio(features, measured time, latest fit)` over the latest `recent_steps` steps (None: left
+        out); 0 when there is no fit, no step, or the ratio is turned off."""
         if self._fitted is None or self._recent_steps == 0 or not self._samples:
             return 0.0
         count = min(self._recent_steps, len(self._samples))
-        recent = [self._samples[-i] for i in range(count, 0, -1)]
-        ratios = [ratio for f, t in recent if (ratio := self._fitted.step_time_ratio(f, t)) is not None]
+        ratios = [r for f, t in (self._samples[-i] for i in range(count, 0, -1))
+                  if (r := ratio(f, t, self._fitted)) is not None]
         return float(np.median(ratios)) if ratios else 0.0
 
 

@@ -95,13 +95,13 @@ def test_a_fit_the_recent_steps_are_far_from_is_refitted_sooner() -> None:
     assert calibrator.refit_if_due(0.0) is not None
     calibrator.add(step(rng, noise=0.0, slowdown=1.3) for _ in range(8))  # drift the ratio takes care of
     assert calibrator.recent_time_ratio() == pytest.approx(1.3) and calibrator.refit_if_due(0.3) is None
-    calibrator.add(step(rng, noise=0.0, slowdown=3.0) for _ in range(200))  # steps the fit does not describe
-    assert calibrator.recent_time_ratio() == pytest.approx(3.0)
+    calibrator.add(step(rng, noise=0.0, stall=3.0) for _ in range(200))  # steps the fit does not describe
+    assert calibrator.recent_time_ratio() > 3.0  # all of it on b0 and b2
     assert calibrator.refit_if_due(0.2) is None  # not at every poll
     fitted = calibrator.refit_if_due(0.3)
     assert fitted is not None and fitted.intercept_s == pytest.approx(3 * TRUE.b0, rel=0.05)
     assert calibrator.recent_time_ratio() == pytest.approx(1.0, rel=0.05)
-    calibrator.add(step(rng, noise=0.0, slowdown=3.0) for _ in range(8))
+    calibrator.add(step(rng, noise=0.0, stall=3.0) for _ in range(8))
     assert calibrator.refit_if_due(0.6) is None  # described again: the usual interval
 
 
@@ -164,3 +164,16 @@ def test_no_recent_ratio_when_turned_off() -> None:
     calibrator = OnlineCalibrator(window=500, min_samples=50, refit_interval_s=0)
     calibrator.add(step(rng) for _ in range(100))
     assert calibrator.refit_if_due(now_s=0.0) is not None and calibrator.recent_time_ratio() == 0
+
+
+def test_a_fit_off_in_its_per_token_term_is_refitted_sooner_too() -> None:
+    """Steps far faster than a fit whose per-token term is too large: their speed on b0 and b2 is 0 (not a speed the
+    estimator uses), and the fit is still found not to describe them (measured ÷ predicted)."""
+    rng = random.Random(11)
+    calibrator = OnlineCalibrator(window=200, min_samples=20, refit_interval_s=5.0, recent_steps=8)
+    slow_tokens = BatchTimeCoefficients(b0=TRUE.b0, b1=50 * TRUE.b1, b2=TRUE.b2, b3=TRUE.b3)
+    calibrator.add(step(rng, slow_tokens, noise=0.0) for _ in range(200))
+    assert calibrator.refit_if_due(0.0) is not None
+    calibrator.add(step(rng, noise=0.0) for _ in range(200))
+    assert calibrator.recent_time_ratio() == 0.0
+    assert calibrator.refit_if_due(0.3) is not None  # not after 5 s
