@@ -11,8 +11,8 @@ Four loops share the loop with the Estimate calls, which only ever read the esti
   (`bear:dispatch:<request id>`) of residents the estimator has none for, found through the engine's request ids
   (`request_key`); then their remaining lengths (`RemainingLengths.resolve`, one call per model); then each snapshot
   is prepared for the replay, its eq. 12 coefficients (`batch_time`, their per-step and decode-attention terms
-  scaled by the engine's recent speed against them, `step_time_ratio`, when known) and θ become the instance's calibration, and the instance's LPS measurements
-  (`LpsTracker`) take it in. Redis or the predictor failing here costs precision
+  scaled by the engine's recent speed against them, `step_time_ratio`, when known) and θ become the instance's
+  calibration, and the instance's LPS measurements (`LpsTracker`) take it in. Redis or the predictor failing here costs precision
   (mean lengths, the stated fallback), never the snapshot.
 - **resync**, at start and every `resync_interval_s`: the instances refreshed in `bear:instances` within
   `instances_window_s`, their registrations (instance → model) and latest snapshots (which also covers what the
