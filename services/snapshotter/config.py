@@ -88,7 +88,8 @@ class SnapshotterConfig:
     calibration_window: int = 2000  # BEAR_CALIBRATION_WINDOW: latest executed steps the eq. 12 fit uses
     calibration_min_samples: int = 50  # BEAR_CALIBRATION_MIN_SAMPLES: steps needed before the first fit
     calibration_refit_s: float = 2.0  # BEAR_CALIBRATION_REFIT_S: at most one fit per this many seconds, or per
-    # calibration.FAST_REFIT_S while the recent ratio says the fit does not describe the engine's batches
+    # calibration.FAST_REFIT_S while the latest steps' measured ÷ fitted time says the fit does not describe the
+    # engine's batches
     calibration_recent_steps: int = 8  # BEAR_CALIBRATION_RECENT_STEPS: latest steps whose speed against the fit is
     # published with every snapshot (step_time_ratio, calibration.py); 0: none
     redis: RedisConfig = field(default_factory=RedisConfig)
