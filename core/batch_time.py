@@ -44,12 +44,6 @@ class BatchTimeCoefficients:
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"batch time coefficient {name} must be a finite number >= 0, got {value!r}")
 
-    def scaled(self, factor: float) -> BatchTimeCoefficients:
-        """Every batch time multiplied by `factor` (a finite number > 0): an engine running that much slower."""
-        if not (math.isfinite(factor) and factor > 0):
-            raise ValueError(f"a batch time factor must be a finite number > 0, got {factor!r}")
-        return BatchTimeCoefficients(self.b0 * factor, self.b1 * factor, self.b2 * factor, self.b3 * factor)
-
     def at_speed(self, step_time_ratio: float) -> BatchTimeCoefficients:
         """At a snapshot's `step_time_ratio` where it is known (a finite number > 0; else as they are): the per-step
         and decode-attention terms (b0, b2) multiplied by it, the per-token and prefill-attention terms (b1, b3) as

@@ -96,13 +96,9 @@ def test_mape() -> None:
         mape([], [])
 
 
-def test_scaled_coefficients_scale_every_batch_time() -> None:
+def test_coefficients_at_a_speed_scale_the_per_step_and_decode_attention_terms() -> None:
     coefficients = BatchTimeCoefficients(b0=4e-3, b1=2e-5, b2=1e-8, b3=1e-9)
-    features = BatchFeatures.of_batch([(300, 0, 100), (0, 1, 2000), (0, 1, 50)])
-    assert coefficients.scaled(1.25).time_s(features, 3) == pytest.approx(1.25 * coefficients.time_s(features, 3))
     for factor in (0.0, -1.0, math.nan, math.inf):
-        with pytest.raises(ValueError, match="finite number > 0"):
-            coefficients.scaled(factor)
         assert coefficients.at_speed(factor) == coefficients  # not a known speed
     assert coefficients.at_speed(0.8) == BatchTimeCoefficients(b0=0.8 * 4e-3, b1=2e-5, b2=0.8 * 1e-8, b3=1e-9)
 

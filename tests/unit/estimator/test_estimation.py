@@ -232,7 +232,7 @@ def test_the_step_in_progress_delays_the_replay_by_its_remaining_time_under_each
     for at, message, coefficients in (
             (NOW, None, COEFFICIENTS),
             (NOW + 1, with_step(NOW + 1, [3000] * 40, 0.002), COEFFICIENTS),  # a longer step: more left of it
-            (NOW + 1, None, COEFFICIENTS.scaled(2.0)),  # a slower engine: the same step takes longer
+            (NOW + 1, None, COEFFICIENTS.at_speed(2.0)),  # a slower engine: the same step takes longer
             (NOW + 2, snapshot("a", NOW + 2, [decoding("r0", 100, 6)], engine_config=engine(async_scheduling=True)),
              COEFFICIENTS)):  # none executing
         if message is not None:
