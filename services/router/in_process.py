@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from bear.discovery.instances import Discovery
-    from bear.predictor.artifact import PredictorArtifact
     from bear.estimator.main import EstimatorService
+    from bear.predictor.artifact import PredictorArtifact
     from bear.predictor.main import PredictorService
     from bear.router.config import RouterConfig
 
