@@ -246,9 +246,13 @@ async def start_server(settings: ServerSettings, register: Register, on_stop: It
     if port == 0:
         problem = bind_problem(settings.host, settings.grpc_port, *_setting_names(settings, "HOST", "GRPC_PORT"))
         raise ServiceStartError(f"{_command(settings)}: {problem}")
-    await server.start()
-    running = RunningServer(server, port, health_servicer, names, settings.shutdown_grace_s, on_stop)
-    await running.set_serving(True)
+    try:
+        await server.start()
+        running = RunningServer(server, port, health_servicer, names, settings.shutdown_grace_s, on_stop)
+        await running.set_serving(True)
+    except BaseException:  # cancelled by a signal at start-up (run_event_loop): stopped while its loop still runs
+        await server.stop(None)
+        raise
     return running
 
 
@@ -340,20 +344,44 @@ def set_on_signals(event: threading.Event, signums: Iterable[int] = (signal.SIGT
 def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
     """Runs a service's main coroutine on uvloop where it is installed (about 30% less time per call here), else on
     asyncio's default loop, then shuts tracing down (shutdown_tracing). A server that cannot start ends the process:
-    its message on stderr, exit status 2."""
+    its message on stderr, exit status 2. SIGTERM or SIGINT before the service serves (serve_until_stopped takes them
+    over) cancels `main` where it is, so that what start-up built so far (an embedded Redis, a discovery watch) is
+    closed by its clean-up rather than left running by the signal's default action; the process then exits 0."""
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is not available on every platform
         run: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
     else:
         run = uvloop.run
+    stopped: list[int] = []  # the signal that cut start-up short, if one did
     try:
-        run(main)
+        run(_cancelled_on_signals(main, stopped))
     except ServiceStartError as error:
         print(error, file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None
+    except asyncio.CancelledError:
+        if not stopped:
+            raise
+        logger.info("stopped by %s while starting", signal.Signals(stopped[0]).name)
     finally:
         shutdown_tracing()
+
+
+async def _cancelled_on_signals(main: Coroutine[Any, Any, None], stopped: list[int]) -> None:
+    """`main`, cancelled by SIGTERM or SIGINT (their number appended to `stopped`) until a handler of its own
+    replaces this one."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+
+    def cancel(signum: int) -> None:
+        if not stopped:  # once: a second signal does not cut the clean-up short
+            task.cancel()
+        stopped.append(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, cancel, signum)
+    await main
 
 
 async def serve_until_stopped(settings: ServerSettings, register: Register,
@@ -383,13 +411,15 @@ async def serve_until_stopped(settings: ServerSettings, register: Register,
     logger.info("%s listening on port %d (metrics: %s)", settings.service_name, running.port,
                 "off" if metrics_port is None else metrics_port)
     on_ready(running.port, metrics_port)
-    await stop.wait()
-    logger.info("%s shutting down", settings.service_name)
-    for task in tasks:
-        task.cancel()
-    if tasks:  # unwound before what they use (Redis clients, channels) is closed after this returns
-        await asyncio.wait(tasks, timeout=BACKGROUND_STOP_S)
-    await running.stop()
+    try:
+        await stop.wait()
+    finally:  # also when a start-up signal's cancellation (run_event_loop) lands here, as the server has just started
+        logger.info("%s shutting down", settings.service_name)
+        for task in tasks:
+            task.cancel()
+        if tasks:  # unwound before what they use (Redis clients, channels) is closed after this returns
+            await asyncio.wait(tasks, timeout=BACKGROUND_STOP_S)
+        await running.stop()
 
 
 def _report_early_end(stop: asyncio.Event) -> Callable[[asyncio.Task[None]], None]:

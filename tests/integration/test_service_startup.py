@@ -5,13 +5,17 @@ and no second server answering on the port."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -238,3 +242,43 @@ def test_otel_settings_the_sdk_would_fail_on_are_ignored_and_the_service_serves(
     assert "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT='-1' is not a non-negative integer" in errors
     assert "OTEL_PROPAGATORS names 'no-such-propagator', not an installed propagator" in errors
     assert "propagating with b3" in errors
+
+
+@pytest.mark.parametrize("service", ["router", "estimator"])
+def test_sigterm_while_a_service_starts_its_embedded_redis_stops_both(service: str, tmp_path: Path) -> None:
+    """SIGTERM as soon as the embedded Redis's server runs, while the service is still starting (before it serves and
+    its own handler takes SIGTERM over): the service exits 0 and the Redis is gone. With the signal's default action
+    the service died there and left the Redis running for good."""
+    env = {name: value for name, value in os.environ.items() if name != "BEAR_REDIS_URL"}
+    env["BEAR_REDIS_EMBEDDED_PATH"] = str(tmp_path / "redis.db")
+    process = subprocess.Popen([BEAR, "serve", service, "--host", "127.0.0.1", "--grpc-port", "0",
+                               "--metrics-port", "off"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env)
+    redis_servers: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not redis_servers and process.poll() is None and time.monotonic() < deadline:
+            redis_servers = [p for p in psutil.process_iter(["name"])
+                             if "redis-server" in (p.info["name"] or "") and _cwd(p) == str(tmp_path)]
+            time.sleep(0.002)
+        assert redis_servers, "the embedded Redis never started"
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+        assert process.returncode == 0, stderr[-3000:]
+        assert "Traceback" not in stderr, stderr[-3000:]
+        _, alive = psutil.wait_procs(redis_servers, timeout=15)
+        assert not alive, f"the embedded Redis outlived the {service}"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+        for server in redis_servers:
+            with contextlib.suppress(psutil.Error):
+                server.kill()
+
+
+def _cwd(process: psutil.Process) -> str | None:
+    try:
+        return process.cwd()
+    except psutil.Error:
+        return None
