@@ -3,7 +3,7 @@
 `SimulatedPool` runs in the calling process: one `LiveInstance` engine thread and one sidecar
 (`bear.snapshotter.main.run`, with its gRPC server on a loopback port) per instance. `PoolProcess` runs the same pool
 in a child process, so that the engines' Python work does not share an interpreter lock with the process measuring
-routing latency; the parent submits requests and receives their events over a pipe.
+routing latency; the parent submits requests and receives their events over a socket.
 
 Each instance registers as `sim://<instance id>`, with its model's catalogue prices.
 """
@@ -11,9 +11,11 @@ Each instance registers as `sim://<instance id>`, with its model's catalogue pri
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -108,13 +110,19 @@ class SimulatedPool:
 # The pool in a child process ---------------------------------------------------------------------------------------
 
 class PoolProcess:
-    """`SimulatedPool` in a child process. `on_event` is called from a reader thread of this process."""
+    """`SimulatedPool` in a child process. `on_event` is called from a reader thread of this process.
+
+    The child runs in a session of its own (`python -m bear.demo.pool FD`, the pool's settings its first message over
+    a socket pair): Ctrl-C, a closed terminal (SIGHUP) and `kill -TERM -<group>` reach the demo, which stops the pool
+    (`stop`), and not the child. As a multiprocessing child in the demo's process group, a Ctrl-C during its second of
+    imports ended it with a KeyboardInterrupt traceback on the terminal (QA). Should the demo die, the child reads
+    the end of the socket and stops its pool."""
 
     def __init__(self, config: PoolConfig, on_event: Callable[[RequestEvent], None]):
         self._on_event = on_event
-        context = multiprocessing.get_context("spawn")
-        self._conn, child = context.Pipe()
-        self._process = context.Process(target=_serve, args=(child, config), name="bear-demo-pool", daemon=True)
+        self._config = config
+        self._process: subprocess.Popen[bytes] | None = None
+        self._conn: Connection | None = None
         self._send_lock = threading.Lock()
         self._reader: threading.Thread | None = None
         self._ready = threading.Event()
@@ -122,8 +130,15 @@ class PoolProcess:
         self.instance_ids: Sequence[str] = [spec.instance_id for spec in config.specs]
 
     def start(self) -> None:
-        self._process.start()
-        self._reader = threading.Thread(target=self._read, name="bear-demo-pool-reader", daemon=True)
+        ours, theirs = socket.socketpair()
+        with ours, theirs:
+            self._process = subprocess.Popen([sys.executable, "-m", "bear.demo.pool", str(theirs.fileno())],
+                                             stdin=subprocess.DEVNULL, pass_fds=[theirs.fileno()],
+                                             start_new_session=True)
+            self._conn = Connection(os.dup(ours.fileno()))
+        self._conn.send(self._config)
+        self._reader = threading.Thread(target=self._read, args=(self._conn,), name="bear-demo-pool-reader",
+                                        daemon=True)
         self._reader.start()
         if not self._ready.wait(READY_TIMEOUT_S) or self._failure is not None:
             self.stop()
@@ -132,31 +147,36 @@ class PoolProcess:
     @property
     def exit_code(self) -> int | None:
         """None while the pool's process runs (or before it started)."""
-        return self._process.exitcode
+        return None if self._process is None else self._process.poll()
 
     def submit(self, instance_id: str, request_id: str, prompt_tokens: int, output_tokens: int) -> None:
         if instance_id not in self.instance_ids:
             raise KeyError(f"no simulated instance {instance_id!r}")
+        if self._conn is None:
+            raise RuntimeError("the simulated pool has not been started")
         with self._send_lock:
             self._conn.send(("submit", instance_id, request_id, prompt_tokens, output_tokens))
 
     def stop(self) -> None:
-        if self._process.is_alive():
+        if self._process is not None and self._process.poll() is None:
             try:
                 with self._send_lock:
-                    self._conn.send(("stop",))
+                    if self._conn is not None:
+                        self._conn.send(("stop",))
             except OSError:
                 pass
-            self._process.join(10.0)
-            if self._process.is_alive():
-                self._process.terminate()
-                self._process.join(5.0)
-        self._conn.close()
+            try:
+                self._process.wait(10.0)
+            except subprocess.TimeoutExpired:  # SIGKILL: it ignores SIGTERM (`_serve`)
+                self._process.kill()
+                self._process.wait(5.0)
+        if self._conn is not None:
+            self._conn.close()
 
-    def _read(self) -> None:
+    def _read(self, conn: Connection) -> None:
         while True:
             try:
-                message = self._conn.recv()
+                message = conn.recv()
             except (EOFError, OSError):
                 return
             kind = message[0]
@@ -171,10 +191,22 @@ class PoolProcess:
                 logger.warning("simulated pool: %s", message[1])
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """The pool's process: `python -m bear.demo.pool FD`, FD its end of the socket pair (PoolProcess)."""
+    args = sys.argv[1:] if argv is None else argv
+    conn = Connection(int(args[0]))
+    try:
+        config = conn.recv()
+    except (EOFError, OSError):
+        return 1
+    _serve(conn, config)
+    return 0
+
+
 def _serve(conn: Connection, config: PoolConfig) -> None:
-    """The child process: runs the pool until told to stop (or until the parent goes away). Ctrl-C, a closed terminal
-    (SIGHUP) or `kill -TERM -<group>` reach the whole process group: the parent handles them and stops the child,
-    which ignores them (killed by them, it would leave its instances' /dev/shm regions behind)."""
+    """The child process: runs the pool until told to stop (or until the parent goes away). Signals are the demo's to
+    handle: it stops the child, which ignores them (killed by one, it would leave its instances' /dev/shm regions
+    behind)."""
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
     logging.basicConfig(level=os.environ.get("BEAR_DEMO_POOL_LOG", "WARNING"),
@@ -211,3 +243,7 @@ def _serve(conn: Connection, config: PoolConfig) -> None:
                     send(("error", str(error)))
     finally:
         pool.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -128,7 +128,7 @@ def test_a_redis_that_is_unreachable_or_serves_instances_already_is_refused(tmp_
                          ids=["sigterm", "ctrl-c", "sigkill"])
 def test_a_stop_signal_stops_the_services_the_pool_and_the_redis_with_the_demo(tmp_path: Path,
                                                                                 stop_signal: signal.Signals) -> None:
-    """SIGTERM to the demo; Ctrl-C, SIGINT to its whole process group (the services and the pool too); or SIGKILL to
+    """SIGTERM to the demo; Ctrl-C, SIGINT to its whole process group (as a terminal sends it); or SIGKILL to
     the demo alone, which runs no clean-up of its own (its services, pool and the embedded Redis's reaper learn of its
     death from the kernel)."""
     run_folder = tmp_path / "run"
@@ -163,6 +163,43 @@ def test_a_stop_signal_stops_the_services_the_pool_and_the_redis_with_the_demo(t
         assert not redis_folder.exists()  # and the next demo there starts a Redis of its own
         assert not (run_folder / "redis.db.settings").exists()
         assert "Traceback" not in "".join(lines)
+    finally:
+        for process in [*children, psutil.Process(demo.pid) if demo.poll() is None else None]:
+            if process is not None:
+                try:
+                    process.kill()
+                except psutil.NoSuchProcess:
+                    pass
+        demo.wait(10)
+        reader.join(10)
+        if demo.stderr is not None:
+            demo.stderr.close()
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.3, 0.8])
+def test_ctrl_c_while_the_pool_starts_ends_the_demo_quietly_with_nothing_left(tmp_path: Path, delay_s: float) -> None:
+    """Ctrl-C as the simulated pool's process starts (it imports for about a second): status 130, no traceback, no
+    process and no Redis left. (QA: the pool's process, in the demo's process group then, died of the
+    KeyboardInterrupt in its imports with a traceback on the terminal.)"""
+    run_folder = tmp_path / "run"
+    environ = dict(os.environ, BEAR_CACHE_DIR=str(tmp_path / "cache"))
+    demo = subprocess.Popen([BEAR, "demo", "--duration", "120", "--run-folder", str(run_folder)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=environ,
+                            start_new_session=True)
+    lines, pool_starting, reader = _watch_status(demo, "starting the simulated pool")
+    children: list[psutil.Process] = []
+    try:
+        assert pool_starting.wait(300), "".join(lines)[-3000:]
+        time.sleep(delay_s)
+        children = psutil.Process(demo.pid).children(recursive=True)
+        children += [p for p in psutil.process_iter() if _cwd(p) == str(run_folder)]  # the embedded Redis
+        os.killpg(demo.pid, signal.SIGINT)
+        assert demo.wait(60) == 128 + signal.SIGINT, "".join(lines)[-3000:]
+        reader.join(10)
+        assert "Traceback" not in "".join(lines), "".join(lines)[-3000:]
+        _, alive = psutil.wait_procs(children, timeout=15)
+        assert not alive, [p.cmdline() for p in alive]
+        assert not [p for p in psutil.process_iter() if _cwd(p) == str(run_folder)]
     finally:
         for process in [*children, psutil.Process(demo.pid) if demo.poll() is None else None]:
             if process is not None:
