@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 import errno
+import importlib
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from bear.cli import (demo_command, eval_command, predictor_command, replay_command, serve_command,
-                      snapshotter_command)
-
-SUBCOMMANDS = (demo_command, replay_command, predictor_command, snapshotter_command, eval_command, serve_command)
+# Imported by `build_parser`, under `main`'s KeyboardInterrupt handler (they import numpy and more: a Ctrl-C in the
+# first second of any command printed a traceback).
+SUBCOMMANDS = ("demo_command", "replay_command", "predictor_command", "snapshotter_command", "eval_command",
+               "serve_command")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -28,8 +29,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="bear", description="BEAR: latency-aware query routing over vLLM pools")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in SUBCOMMANDS:
-        module.add_parser(commands)
+    for name in SUBCOMMANDS:
+        importlib.import_module(f"bear.cli.{name}").add_parser(commands)
     return parser
 
 
@@ -41,7 +42,7 @@ EXIT_BROKEN_PIPE = 128 + 13  # as a shell reports a process ended by SIGPIPE
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-    except KeyboardInterrupt:  # Ctrl-C as the command starts (the subcommands' parsers import their settings)
+    except KeyboardInterrupt:  # Ctrl-C as the command starts (its modules are imported here)
         print("bear: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     from bear.common.otel_settings import drop_unusable

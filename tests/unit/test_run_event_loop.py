@@ -1,7 +1,7 @@
 """`bear.common.service.run_event_loop`: a SIGTERM or SIGINT that lands while a service is still starting (before
 serve_until_stopped takes the signals over) runs the clean-up of what start-up built, where the signal's default action
-would end the process at once (a router with an embedded Redis left the Redis running). Each case runs in a process of
-its own and signals it once it says it has got there."""
+would end the process at once (a router with an embedded Redis left the Redis running). And `bear`'s entry point: a
+Ctrl-C while it imports its commands says so without a traceback. Each case runs in a process of its own."""
 
 from __future__ import annotations
 
@@ -91,3 +91,27 @@ def test_a_cancellation_not_caused_by_a_signal_is_not_taken_for_one() -> None:
     script = STARTING.format(work="asyncio.current_task().cancel(); await asyncio.sleep(60)")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "CancelledError" in done.stderr
+
+
+def test_ctrl_c_while_bear_imports_its_commands_says_interrupted_without_a_traceback() -> None:
+    """(QA: Ctrl-C in the first second of any `bear` command printed the traceback of an import of numpy or scipy.)"""
+    script = textwrap.dedent("""
+        import os, signal, sys, time
+        import bear.cli.main as cli
+        real = cli.build_parser
+        def interrupted():
+            os.kill(os.getpid(), signal.SIGINT)  # as the subcommands' modules are imported
+            time.sleep(1)
+            return real()
+        cli.build_parser = interrupted
+        sys.exit(cli.main(["serve", "router"]))
+        """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 130 and done.stderr.strip() == "bear: interrupted", done.stderr[-2000:]
+
+
+def test_the_entry_points_module_leaves_the_commands_imports_to_main() -> None:
+    """What `bear` imports before `main` runs is outside its KeyboardInterrupt handler: the standard library only."""
+    script = "import sys, bear.cli.main; print(sorted({'numpy', 'grpc', 'scipy', 'redis'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr[-2000:]
