@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -9,6 +10,8 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -132,15 +135,10 @@ def test_a_stop_signal_stops_the_services_the_pool_and_the_redis_with_the_demo(t
     the demo alone, which runs no clean-up of its own (its services, pool and the embedded Redis's reaper learn of its
     death from the kernel)."""
     run_folder = tmp_path / "run"
-    environ = dict(os.environ, BEAR_CACHE_DIR=str(tmp_path / "cache"))
-    demo = subprocess.Popen([BEAR, "demo", "--duration", "120", "--run-folder", str(run_folder)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=environ,
-                            start_new_session=True)
-    lines, router_up, reader = _watch_status(demo, "router on ")
-    children: list[psutil.Process] = []
-    try:
-        assert router_up.wait(300), "".join(lines)[-3000:]
-        children = psutil.Process(demo.pid).children(recursive=True)
+    with _long_demo(tmp_path, "router on ") as run:
+        demo, lines, children = run.process, run.lines, run.children
+        assert run.seen.wait(300), "".join(lines)[-3000:]
+        children += psutil.Process(demo.pid).children(recursive=True)
         children += [p for p in psutil.process_iter() if _cwd(p) == str(run_folder)]  # the embedded Redis
         names = " ".join(" ".join(c.cmdline()[3:6]) for c in children)
         assert all(f"serve {service}" in names for service in ("predictor", "estimator", "router")), names
@@ -163,17 +161,6 @@ def test_a_stop_signal_stops_the_services_the_pool_and_the_redis_with_the_demo(t
         assert not redis_folder.exists()  # and the next demo there starts a Redis of its own
         assert not (run_folder / "redis.db.settings").exists()
         assert "Traceback" not in "".join(lines)
-    finally:
-        for process in [*children, psutil.Process(demo.pid) if demo.poll() is None else None]:
-            if process is not None:
-                try:
-                    process.kill()
-                except psutil.NoSuchProcess:
-                    pass
-        demo.wait(10)
-        reader.join(10)
-        if demo.stderr is not None:
-            demo.stderr.close()
 
 
 @pytest.mark.parametrize("delay_s", [0.0, 0.3, 0.8])
@@ -182,33 +169,49 @@ def test_ctrl_c_while_the_pool_starts_ends_the_demo_quietly_with_nothing_left(tm
     process and no Redis left. (QA: the pool's process, in the demo's process group then, died of the
     KeyboardInterrupt in its imports with a traceback on the terminal.)"""
     run_folder = tmp_path / "run"
-    environ = dict(os.environ, BEAR_CACHE_DIR=str(tmp_path / "cache"))
-    demo = subprocess.Popen([BEAR, "demo", "--duration", "120", "--run-folder", str(run_folder)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=environ,
-                            start_new_session=True)
-    lines, pool_starting, reader = _watch_status(demo, "starting the simulated pool")
-    children: list[psutil.Process] = []
-    try:
-        assert pool_starting.wait(300), "".join(lines)[-3000:]
+    with _long_demo(tmp_path, "starting the simulated pool") as run:
+        demo, lines, children = run.process, run.lines, run.children
+        assert run.seen.wait(300), "".join(lines)[-3000:]
         time.sleep(delay_s)
-        children = psutil.Process(demo.pid).children(recursive=True)
+        children += psutil.Process(demo.pid).children(recursive=True)
         children += [p for p in psutil.process_iter() if _cwd(p) == str(run_folder)]  # the embedded Redis
         os.killpg(demo.pid, signal.SIGINT)
         assert demo.wait(60) == 128 + signal.SIGINT, "".join(lines)[-3000:]
-        reader.join(10)
+        run.reader.join(10)  # the status lines to the end
         assert "Traceback" not in "".join(lines), "".join(lines)[-3000:]
         _, alive = psutil.wait_procs(children, timeout=15)
         assert not alive, [p.cmdline() for p in alive]
         assert not [p for p in psutil.process_iter() if _cwd(p) == str(run_folder)]
+
+
+@dataclass
+class _LongDemo:
+    process: subprocess.Popen[str]
+    lines: list[str]  # its status lines (stderr), as they come
+    seen: threading.Event  # set at the first that starts with the `starts` given
+    reader: threading.Thread  # reading them, until the demo ends
+    children: list[psutil.Process] = field(default_factory=list)  # killed with the demo however the test ends
+
+
+@contextlib.contextmanager
+def _long_demo(tmp_path: Path, starts: str) -> Iterator[_LongDemo]:
+    """A 120 s demo in tmp_path / "run", in a session of its own, watched by `_watch_status`."""
+    environ = dict(os.environ, BEAR_CACHE_DIR=str(tmp_path / "cache"))
+    demo = subprocess.Popen([BEAR, "demo", "--duration", "120", "--run-folder", str(tmp_path / "run")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=environ,
+                            start_new_session=True)
+    run = _LongDemo(demo, *_watch_status(demo, starts))
+    try:
+        yield run
     finally:
-        for process in [*children, psutil.Process(demo.pid) if demo.poll() is None else None]:
+        for process in [*run.children, psutil.Process(demo.pid) if demo.poll() is None else None]:
             if process is not None:
                 try:
                     process.kill()
                 except psutil.NoSuchProcess:
                     pass
         demo.wait(10)
-        reader.join(10)
+        run.reader.join(10)
         if demo.stderr is not None:
             demo.stderr.close()
 
