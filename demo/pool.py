@@ -136,7 +136,10 @@ class PoolProcess:
                                              stdin=subprocess.DEVNULL, pass_fds=[theirs.fileno()],
                                              start_new_session=True)
             self._conn = Connection(os.dup(ours.fileno()))
-        self._conn.send(self._config)
+        try:
+            self._conn.send(self._config)
+        except OSError:  # it ended already: the reader says how
+            pass
         self._reader = threading.Thread(target=self._read, args=(self._conn,), name="bear-demo-pool-reader",
                                         daemon=True)
         self._reader.start()
@@ -178,6 +181,9 @@ class PoolProcess:
             try:
                 message = conn.recv()
             except (EOFError, OSError):
+                if not self._ready.is_set() and self._process is not None:  # `start` need not wait its time out
+                    self._failure = f"its process ended (exit status {self._process.wait()})"
+                    self._ready.set()
                 return
             kind = message[0]
             if kind == "event":
