@@ -19,12 +19,21 @@ __all__ = ["folder", "int_at_least", "non_negative_number", "output_file", "posi
 
 def positive_int_list(text: str) -> list[int]:
     """An argparse type: comma-separated integers >= 1 (`16,64,128`)."""
+    return _int_list(text, 1)
+
+
+def non_negative_int_list(text: str) -> list[int]:
+    """An argparse type: comma-separated integers >= 0 (`0,8,32`)."""
+    return _int_list(text, 0)
+
+
+def _int_list(text: str, least: int) -> list[int]:
     try:
         values = [int(part) for part in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be comma-separated integers >= 1, got {text!r}") from None
-    if min(values) < 1:
-        raise argparse.ArgumentTypeError(f"must be comma-separated integers >= 1, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers >= {least}, got {text!r}") from None
+    if min(values) < least:
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers >= {least}, got {text!r}")
     return values
 
 

@@ -3,6 +3,8 @@
     prepared = prepare(state)                                  # once per snapshot: checks and converts it
     result = estimate(prepared, query, coefficients, horizon_s=slo_s + margin_s)
     results = estimate_many(query, [Target(prepared_a, coefs_a), Target(prepared_b, coefs_b)])   # GIL released
+    arrivals = prepare_arrivals(prepared_a, [Arrival(...), ...])   # checked and converted once, extended as more come
+    results = estimate_many(query, [Target(prepared_a, coefs_a, arrivals=arrivals)])
 
 The clock starts when the state was taken. A query (or an `Arrival` dispatched since) arriving `query_time_s` later
 joins the first step scheduled at or after it; under async scheduling the step executing when the state was taken
@@ -19,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,6 +60,24 @@ class PreparedState:
     id_set: frozenset[str]
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class PreparedArrivals:
+    """Arrivals checked against a prepared state and converted for the compiled core (`prepare_arrivals`): an
+    estimator replays one instance for many queries between two snapshots, with the same requests dispatched since,
+    and converts each of them once. Iterates and counts as its `arrivals`."""
+
+    prepared: PreparedState
+    arrivals: tuple[Arrival, ...]
+    id_set: frozenset[str]
+    native: tuple[_native.Arrivals, ...]
+
+    def __len__(self) -> int:
+        return len(self.arrivals)
+
+    def __iter__(self) -> Iterator[Arrival]:
+        return iter(self.arrivals)
+
+
 @dataclass(frozen=True, slots=True)
 class Target:
     """One instance to estimate a query against: its prepared state, coefficients and timing (see module doc)."""
@@ -66,7 +86,7 @@ class Target:
     coefficients: BatchTimeCoefficients
     query_time_s: float = 0.0
     in_flight_s: float = 0.0
-    arrivals: tuple[Arrival, ...] = ()
+    arrivals: tuple[Arrival, ...] | PreparedArrivals = ()  # PreparedArrivals: of this `prepared`
     query_cached_tokens: int = 0  # prompt tokens of the query this instance's prefix cache holds when it is admitted
 
 
@@ -80,6 +100,23 @@ def prepare(state: InstanceState) -> PreparedState:
                                    state.shared_blocks)
     ids = tuple(r.id for r in state.running) + tuple(r.id for r in state.waiting)
     return PreparedState(state, native, ids, frozenset(ids))
+
+
+def prepare_arrivals(prepared: PreparedState, arrivals: Sequence[Arrival],
+                     after: PreparedArrivals | None = None) -> PreparedArrivals:
+    """Checks `arrivals` against `prepared` (raises InvalidState) and converts them once for the compiled core;
+    `after`: arrivals of the same state, already prepared, that come first (only the new ones are checked and
+    converted)."""
+    if after is not None and after.prepared is not prepared:
+        raise InvalidState("arrivals prepared for another state cannot be extended with this one's")
+    taken = set(prepared.id_set) | (after.id_set if after is not None else set())
+    if arrivals:
+        check_arrivals(arrivals, prepared.state.engine, taken)
+    new_ids = {a.request.id for a in arrivals}
+    if after is None:
+        return PreparedArrivals(prepared, tuple(arrivals), frozenset(new_ids), tuple(_native_arrivals(arrivals)))
+    return PreparedArrivals(prepared, after.arrivals + tuple(arrivals), after.id_set | new_ids,
+                            after.native + tuple(_native_arrivals(arrivals)))
 
 
 def _table(requests: Sequence[ResidentRequest]) -> np.ndarray:
@@ -100,18 +137,20 @@ def estimate(
     horizon_s: float = math.inf,
     query_time_s: float = 0.0,
     in_flight_s: float = 0.0,
-    arrivals: Sequence[Arrival] = (),
+    arrivals: Sequence[Arrival] | PreparedArrivals = (),
     query_cached_tokens: int = 0,
     record_batches: bool = False,
     shortcuts: bool = True,
     max_steps: int = DEFAULT_MAX_STEPS,
 ) -> ReplayResult:
     """Replays `prepared` with the compiled core until the query's first token (or the horizon)."""
-    target = Target(prepared, coefficients, query_time_s, in_flight_s, tuple(arrivals), query_cached_tokens)
+    if not isinstance(arrivals, PreparedArrivals):
+        arrivals = tuple(arrivals)
+    target = Target(prepared, coefficients, query_time_s, in_flight_s, arrivals, query_cached_tokens)
     _check(target, query)
     native = _native.replay(prepared.native, _native_query(query, query_cached_tokens),
                             _native_coefficients(coefficients), horizon_s, record_batches, shortcuts, max_steps,
-                            query_time_s, in_flight_s, _native_arrivals(arrivals))
+                            query_time_s, in_flight_s, _converted_arrivals(arrivals))
     return _result(native, target, query, horizon_s, record_batches)
 
 
@@ -121,7 +160,7 @@ def estimate_many(query: Query, targets: Sequence[Target], *, horizon_s: float =
         _check(target, query)
     natives = _native.replay_each(
         [_native.Candidate(t.prepared.native, _native_coefficients(t.coefficients), t.query_time_s, t.in_flight_s,
-                           _native_arrivals(t.arrivals), t.query_cached_tokens) for t in targets],
+                           _converted_arrivals(t.arrivals), t.query_cached_tokens) for t in targets],
         _native_query(query),
         horizon_s,
     )
@@ -164,8 +203,14 @@ def _check(target: Target, query: Query) -> None:
         raise InvalidState(f"query.id {query.id!r} is also a resident request's id")
     check_query_cached_tokens(target.query_cached_tokens, query)
     _check_timing(target.query_time_s, target.in_flight_s)
-    if target.arrivals:
-        check_arrivals(target.arrivals, target.prepared.state.engine, set(target.prepared.id_set) | {query.id})
+    arrivals = target.arrivals
+    if isinstance(arrivals, PreparedArrivals):
+        if arrivals.prepared is not target.prepared:
+            raise InvalidState("the target's arrivals were prepared for another state")
+        if query.id in arrivals.id_set:
+            raise InvalidState(f"query.id {query.id!r} is also an arrival's id")
+    elif arrivals:
+        check_arrivals(arrivals, target.prepared.state.engine, set(target.prepared.id_set) | {query.id})
 
 
 def _check_timing(query_time_s: float, in_flight_s: float) -> None:
@@ -175,6 +220,10 @@ def _check_timing(query_time_s: float, in_flight_s: float) -> None:
 
 def _native_query(query: Query, cached_tokens: int = 0) -> _native.Query:
     return _native.Query(query.num_prompt_tokens, query.output_tokens, cached_tokens)
+
+
+def _converted_arrivals(arrivals: Sequence[Arrival] | PreparedArrivals) -> Sequence[_native.Arrivals]:
+    return arrivals.native if isinstance(arrivals, PreparedArrivals) else _native_arrivals(arrivals)
 
 
 def _native_arrivals(arrivals: Sequence[Arrival]) -> list[_native.Arrivals]:

@@ -52,7 +52,7 @@ from bear.core.batch_time import BatchFeatures, BatchTimeCoefficients
 from bear.core.lps import LpsParameters, lps_ttft_s
 from bear.core.prefill_throughput import backlog_ttft_s, remaining_prefill_tokens
 from bear.core.reference import prefix_cache_hit
-from bear.core.replay import PreparedState, Target, estimate_many, prepare
+from bear.core.replay import PreparedArrivals, PreparedState, Target, estimate_many, prepare, prepare_arrivals
 from bear.core.result import Infeasibility, ReplayStatus, explain, refused_prompt
 from bear.core.state import Arrival, InvalidState, Query, ResidentRequest
 from bear.core.wire import state_from_snapshot
@@ -118,27 +118,35 @@ class _Dispatches:
     since a snapshot; expiry wants the oldest): each Estimate reads only the few made since the snapshot, however many
     the instance was sent within the time they are kept."""
 
-    __slots__ = ("by_id", "_times", "_ids")
+    __slots__ = ("by_id", "_times", "_ids", "changes")
 
     def __init__(self) -> None:
         self.by_id: dict[str, Dispatch] = {}
         self._times: list[float] = []  # ascending
         self._ids: list[str] = []  # aligned with _times
+        self.changes = 0  # changes but for new dispatches added last (`since(..., start)`): one moved, expired
+
+    def __len__(self) -> int:
+        """Entries in dispatch order (a re-recorded dispatch's old one included until it expires)."""
+        return len(self._times)
 
     def add(self, dispatch: Dispatch) -> bool:
-        """Keeps the dispatch (replacing one of the same request id); whether its request id is new."""
+        """Keeps the dispatch (replacing one of the same request id made at another time); whether its id is new."""
         known = self.by_id.get(dispatch.request_id)
-        self.by_id[dispatch.request_id] = dispatch
         if known is not None and known.dispatched_at_s == dispatch.dispatched_at_s:
-            return False
+            return False  # the same dispatch again (routers send their latest along with calls); kept as it is now
+        self.by_id[dispatch.request_id] = dispatch
         at = bisect.bisect_right(self._times, dispatch.dispatched_at_s)  # nearly always the end
         self._times.insert(at, dispatch.dispatched_at_s)
         self._ids.insert(at, dispatch.request_id)
+        if known is not None or at < len(self._times) - 1:
+            self.changes += 1
         return known is None
 
-    def since(self, after_s: float) -> Iterator[Dispatch]:
-        """Dispatches made after `after_s`, in dispatch order."""
-        for at in range(bisect.bisect_right(self._times, after_s), len(self._times)):
+    def since(self, after_s: float, start: int = 0) -> Iterator[Dispatch]:
+        """Dispatches made after `after_s`, in dispatch order; from entry `start` on (`len` before dispatches were
+        added, with no change between: the ones added since)."""
+        for at in range(max(start, bisect.bisect_right(self._times, after_s)), len(self._times)):
             dispatch = self.by_id.get(self._ids[at])
             if dispatch is not None and dispatch.dispatched_at_s == self._times[at]:  # not since re-recorded
                 yield dispatch
@@ -151,6 +159,8 @@ class _Dispatches:
             if dispatch is not None and dispatch.dispatched_at_s == self._times[at]:
                 del self.by_id[self._ids[at]]
         del self._times[:end], self._ids[:end]
+        if end:
+            self.changes += 1
 
 
 @dataclass(slots=True)
@@ -164,7 +174,23 @@ class _Instance:
     calibration: Calibration | None = None
     dispatches: _Dispatches = field(default_factory=_Dispatches)
     prefixes: PrefixIndex = field(default_factory=PrefixIndex)  # what its prefix cache likely holds
+    arrivals: _Arrivals | None = None  # the dispatches since `prepared`, as the last Estimate replayed them
     refusal: str = ""  # why its latest snapshot was refused, if it was (cleared when one is adopted)
+
+
+@dataclass(slots=True)
+class _Arrivals:
+    """An instance's dispatches since its snapshot as arrivals for the replay, checked and converted once: between
+    two snapshots every Estimate replays the same ones, plus those dispatched since the last. Valid while the
+    snapshot, the cut-off time, the dispatches (but for new ones added last) and the prefix account (but for new
+    prompts) stay as they were."""
+
+    prepared: PreparedState
+    after_s: float  # dispatches made after this are arrivals
+    changes: int  # the dispatches' `changes` when read
+    forgotten: int  # the prefix account's `forgotten` when read
+    read: int  # the dispatches' entries read
+    prepared_arrivals: PreparedArrivals
 
 
 class Estimator:
@@ -331,21 +357,41 @@ class Estimator:
     def _target(self, instance: _Instance, calibration: Calibration, snapshot: snapshot_pb2.InstanceSnapshot,
                 query: Query, since_taken_s: float, query_cached_tokens: int) -> Target:
         assert instance.prepared is not None
-        known = instance.prepared.id_set
-        arrivals = tuple(
-            Arrival(d.dispatched_at_s - snapshot.taken_at_s,
-                    ResidentRequest(d.request_id, d.num_prompt_tokens, 0, 0, max(1, round(d.predicted_output_tokens)),
-                                    max_tokens=d.max_tokens,
-                                    cached_tokens=_cache_hit(instance, snapshot.engine, d.prefix_hashes,
-                                                             d.dispatched_at_s, d.num_prompt_tokens)))
-            for d in instance.dispatches.since(max(snapshot.taken_at_s, snapshot.read_at_s - DISPATCH_TRANSIT_S))
-            if d.request_id not in known and d.request_id != query.id
-            and 0 < d.num_prompt_tokens < snapshot.engine.max_model_len  # vLLM rejects longer prompts at once
-        )
+        arrivals = self._arrivals(instance, snapshot)
+        if not isinstance(arrivals, PreparedArrivals) or query.id in arrivals.id_set:
+            arrivals = tuple(a for a in arrivals if a.request.id != query.id)  # not ahead of itself if dispatched
         in_progress = instance.step_in_progress
         return Target(instance.prepared, calibration.coefficients, query_time_s=since_taken_s,
                       in_flight_s=0.0 if in_progress is None else in_progress.remaining_s(calibration.coefficients),
                       arrivals=arrivals, query_cached_tokens=query_cached_tokens)
+
+    def _arrivals(self, instance: _Instance, snapshot: snapshot_pb2.InstanceSnapshot
+                  ) -> PreparedArrivals | tuple[Arrival, ...]:
+        """The requests dispatched to the instance since its snapshot and not in it, as they join its queue; as a
+        tuple where the replay cannot take them (its check then says why, for this instance alone)."""
+        assert instance.prepared is not None
+        after_s = max(snapshot.taken_at_s, snapshot.read_at_s - DISPATCH_TRANSIT_S)
+        dispatches, known, memo = instance.dispatches, instance.arrivals, None
+        if (known is not None and known.prepared is instance.prepared and known.after_s == after_s
+                and known.changes == dispatches.changes and known.forgotten == instance.prefixes.forgotten):
+            if known.read == len(dispatches):
+                return known.prepared_arrivals
+            memo = known
+        new = [Arrival(d.dispatched_at_s - snapshot.taken_at_s,
+                       ResidentRequest(d.request_id, d.num_prompt_tokens, 0, 0, max(1, round(d.predicted_output_tokens)),
+                                       max_tokens=d.max_tokens,
+                                       cached_tokens=_cache_hit(instance, snapshot.engine, d.prefix_hashes,
+                                                                d.dispatched_at_s, d.num_prompt_tokens)))
+               for d in dispatches.since(after_s, memo.read if memo is not None else 0)
+               if d.request_id not in instance.prepared.id_set
+               and 0 < d.num_prompt_tokens < snapshot.engine.max_model_len]  # vLLM rejects longer prompts at once
+        try:
+            prepared = prepare_arrivals(instance.prepared, new, memo.prepared_arrivals if memo is not None else None)
+        except InvalidState:
+            return (*(memo.prepared_arrivals if memo is not None else ()), *new)
+        instance.arrivals = _Arrivals(instance.prepared, after_s, dispatches.changes, instance.prefixes.forgotten,
+                                      len(dispatches), prepared)
+        return prepared
 
     def _forget_admitted_prefixes(self, instance: _Instance, running: Iterable[snapshot_pb2.RequestState]) -> None:
         """Running requests' dispatches keep their prefix blocks no longer: those are in the instance's account, and

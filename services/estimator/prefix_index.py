@@ -26,7 +26,7 @@ DEFAULT_CAPACITY_BLOCKS = 100_000  # before the instance's first snapshot says i
 class PrefixIndex:
     """One instance's likely cached prefix blocks. Not thread-safe: the estimator's event loop owns it."""
 
-    __slots__ = ("_blocks", "_anonymous", "_anonymous_blocks", "_capacity")
+    __slots__ = ("_blocks", "_anonymous", "_anonymous_blocks", "_capacity", "forgotten")
 
     def __init__(self, capacity_blocks: int = DEFAULT_CAPACITY_BLOCKS) -> None:
         # hash -> (first routed at, last routed at), least recently routed first
@@ -34,6 +34,9 @@ class PrefixIndex:
         self._anonymous: deque[tuple[float, int]] = deque()  # (routed at, blocks) of outputs, oldest first
         self._anonymous_blocks = 0
         self._capacity = max(1, capacity_blocks)
+        # named blocks evicted or cleared so far: until it grows, adding a prompt routed no earlier than those
+        # before it changes no answer of `cached_tokens` for an earlier time
+        self.forgotten = 0
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -44,6 +47,7 @@ class PrefixIndex:
         self._evict()
 
     def clear(self) -> None:
+        self.forgotten += len(self._blocks)
         self._blocks.clear()
         self._anonymous.clear()
         self._anonymous_blocks = 0
@@ -90,5 +94,6 @@ class PrefixIndex:
                     self._anonymous_blocks -= count
             else:
                 blocks.popitem(last=False)
+                self.forgotten += 1
 
 

@@ -31,6 +31,7 @@ BAD = [
     *[("route_bench", ["--replicas", value], "--replicas") for value in ("0", "-1", "1.5", "many")],
     *[("estimate_bench", ["--residents", value], "--residents") for value in ("0", "8,-1", "2000", "many")],
     *[("estimate_bench", ["--instances", value], "--instances") for value in ("0", "x")],
+    *[("estimate_bench", ["--dispatches", value], "--dispatches") for value in ("-1", "0,-8", "x")],
     ("estimate_bench", ["--calls", "0"], "--calls"),
     *[("vllm_route_accuracy", ["--warmup", value], "--warmup") for value in ("0", "-3")],
     *[("vllm_route_accuracy", ["--queries", value], "--queries") for value in ("0", "-1")],
@@ -132,8 +133,9 @@ def test_the_script_itself_exits_2(script: str, arguments: list[str], option: st
 
 def test_the_estimate_benchmark_times_the_estimator_and_the_replay_on_busy_instances(
         scripts: dict[str, ModuleType]) -> None:
-    """The script builds states the replay accepts (a busy engine under async scheduling) and times both paths."""
-    estimator_us, replay_us = scripts["estimate_bench"]._measure(2, 16, 5)  # noqa: SLF001 - one point, briefly
+    """The script builds states the replay accepts (a busy engine under async scheduling, requests dispatched since
+    its snapshot) and times both paths."""
+    estimator_us, replay_us = scripts["estimate_bench"]._measure(2, 16, 4, 5)  # noqa: SLF001 - one point, briefly
     assert estimator_us > 0 and replay_us > 0  # a state the replay refuses, or no replay, stops _measure
 
 

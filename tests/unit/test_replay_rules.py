@@ -275,6 +275,39 @@ def test_requests_dispatched_since_the_state_queue_ahead_of_the_query(engine: Re
     assert batches[2] == {"a": 1, "d0": 1, "d1": 1, "q": 300}  # and the query (6 ms) joins the next one
 
 
+def test_arrivals_prepared_once_and_extended_replay_as_given_and_are_checked_as_given() -> None:
+    """`prepare_arrivals` checks and converts arrivals once (an estimator's dispatches since a snapshot, for many
+    queries): the replay of the prepared ones, built in two parts, is that of the same arrivals given as a tuple,
+    and what the replay would refuse in a tuple is refused in the preparation."""
+    from bear.core.replay import Target, estimate, estimate_many, prepare, prepare_arrivals
+    from bear.core.state import Arrival
+    from tests.builders import COEFFICIENTS
+
+    state = make_state(running=[decoding("a", remaining=100)], engine=make_engine(max_num_batched_tokens=600))
+    prepared, query = prepare(state), make_query(prompt=300)
+    arrivals = [Arrival(0.0, queued("d0", prompt=50)), Arrival(0.005, queued("d1", prompt=500)),
+                Arrival(0.007, queued("d2", prompt=200))]
+    given = estimate(prepared, query, COEFFICIENTS, query_time_s=0.006, arrivals=arrivals)
+    first = prepare_arrivals(prepared, arrivals[:1])
+    both = prepare_arrivals(prepared, arrivals[1:], after=first)
+    assert [a.request.id for a in both] == ["d0", "d1", "d2"] and len(first) == 1  # `first` itself unchanged
+    assert estimate(prepared, query, COEFFICIENTS, query_time_s=0.006, arrivals=both) == given
+    assert estimate_many(query, [Target(prepared, COEFFICIENTS, 0.006, arrivals=both)]) == [given]
+    with pytest.raises(InvalidState, match="'d1' is already taken"):
+        prepare_arrivals(prepared, [Arrival(0.008, queued("d1"))], after=both)
+    with pytest.raises(InvalidState, match="'a' is already taken"):  # a resident's id
+        prepare_arrivals(prepared, [Arrival(0.008, queued("a"))])
+    with pytest.raises(InvalidState, match="arrivals\\[0\\].time_s must be finite"):
+        prepare_arrivals(prepared, [Arrival(float("nan"), queued("d3"))])
+    with pytest.raises(InvalidState, match="also an arrival's id"):
+        estimate(prepared, make_query(prompt=300, request_id="d2"), COEFFICIENTS, arrivals=both)
+    other = prepare(state)  # the same state, prepared again: another object, whose arrivals these are not
+    with pytest.raises(InvalidState, match="prepared for another state"):
+        estimate(other, query, COEFFICIENTS, arrivals=both)
+    with pytest.raises(InvalidState, match="prepared for another state"):
+        prepare_arrivals(other, [], after=both)
+
+
 def test_a_frozen_state_waits_for_arrivals_then_is_stuck(engine: ReplayEngine) -> None:
     from bear.core.state import Arrival
 
