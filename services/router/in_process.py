@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -23,6 +24,7 @@ import grpc
 from bear.common.call_streams import CallFailed
 from bear.router import wire
 from bear.router.decision import DispatchRecord
+from bear.router.router import MAX_RECENT_DISPATCHES
 from bear.router.signals import DependencyUnavailable, InstanceEstimate, ModelPrediction
 from bear.router.upstream import DispatchProtos, first_clause
 
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
     from bear.router.config import RouterConfig
 
 logger = logging.getLogger("bear.router")
+PASSED_IDS = 4 * MAX_RECENT_DISPATCHES  # remembered: more than the dispatches recent enough to go along with a call
 
 
 class InProcessPredictor:
@@ -59,20 +62,32 @@ class InProcessPredictor:
 
 
 class InProcessEstimator:
+    """The router's latest dispatches go along with a call once each: the estimator here is the only one they are
+    for, and records them as the standalone service does (not again for every call made while they are recent)."""
+
     def __init__(self, service: EstimatorService, timeout_s: float) -> None:
         from bear.estimator.server import count_error
 
         self._service, self._timeout_s, self._on_error = service, timeout_s, count_error
         self._recent = DispatchProtos()
+        self._passed: OrderedDict[str, None] = OrderedDict()  # request ids of the latest dispatches passed on
 
     async def estimate(self, query_id: str, prompt_tokens: int, output_tokens: float, instance_ids: Sequence[str],
                        horizon_ms: float, recent: Sequence[DispatchRecord] = (),
                        prefix_hashes: bytes = b"") -> dict[str, InstanceEstimate]:
         request = self._recent.estimate_request(query_id, prompt_tokens, output_tokens, instance_ids, horizon_ms,
-                                                recent, prefix_hashes)
+                                                self._not_passed(recent), prefix_hashes)
         answer = self._service.servicer.answer
         reply = await _called("estimator", lambda: answer(request), self._timeout_s, self._on_error)
         return wire.estimates_from_proto(reply)
+
+    def _not_passed(self, recent: Sequence[DispatchRecord]) -> list[DispatchRecord]:
+        new = [record for record in recent if record.request_id not in self._passed]
+        for record in new:
+            self._passed[record.request_id] = None
+        while len(self._passed) > PASSED_IDS:
+            self._passed.popitem(last=False)
+        return new
 
     async def close(self) -> None:
         await self._service.close()

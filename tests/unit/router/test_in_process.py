@@ -143,3 +143,31 @@ def test_with_both_in_process_the_artifact_is_loaded_once(model_dir: Path, monke
 
     asyncio.run(run())
     assert len(loads) == 1
+
+
+def test_the_routers_latest_dispatches_go_along_to_the_in_process_estimator_once_each() -> None:
+    """The standalone estimator may be one of several replicas, each needing them with every call; the one in the
+    router's process has them from the first call they went along with."""
+    from bear.router.decision import DispatchRecord
+
+    records = [DispatchRecord(f"d{k}", "a", "m", 1000.0 + k, 100, 50.0, 0.0, 500.0) for k in range(4)]
+
+    async def run() -> list[list[str]]:
+        built = await started(config("estimator"), {})
+        assert built.estimator is not None
+        servicer = built.estimator._service.servicer  # noqa: SLF001
+        answer, passed = servicer.answer, []
+
+        async def spied(request):  # noqa: ANN001, ANN202 - an EstimateRequest, its reply
+            passed.append([record.request_id for record in request.recent_dispatches])
+            return await answer(request)
+
+        servicer.answer = spied
+        try:
+            for recent in (records[:2], records[:3], records[1:4], records[1:4], []):
+                await built.estimator.estimate("q", 100, 50.0, ["a"], 1000.0, recent)
+            return passed
+        finally:
+            await built.close()
+
+    assert asyncio.run(run()) == [["d0", "d1"], ["d2"], ["d3"], [], []]
