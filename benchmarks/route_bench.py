@@ -12,7 +12,9 @@ each call's latency at the client; the router's own `decision_ms` (its answer's 
 time per call and that of its neighbours (estimator and predictor together) are reported beside it: CPU time is a
 steadier figure than latency on a shared machine.
 
-It prints p50 / p99 at --rate (default 200 requests/s), then the same load against this machine's floor — a Route
+It prints p50 / p99 at --rate (default 200 requests/s); then one call at a time for 3 s, each sent as the last
+returns (the router never idles between calls: on a shared virtual machine, a call that comes after a pause finds
+the caches cold and costs several times the CPU time); then the --rate load against this machine's floor — a Route
 server that answers every call at once with a decision of the same size, no upstream call, no Redis, in a process of
 its own — and the router's figures as multiples of the floor's: the cost of one gRPC hop in Python differs several-fold
 between machines, the ratios much less. Then it raises the rate until p99 exceeds --p99-limit-ms (default 10) and
@@ -107,6 +109,9 @@ def main() -> int:
         print(_row(args.rate, result))
         print("   mean per stage inside the router: " + _stage_means(stages_before, _stage_seconds(router))
               + " (predict and estimate run at once; record is off the path)")
+        warm = asyncio_run(_load(router, neighbours, prompts, rate_rps=args.rate, seconds=min(args.seconds, 3.0),
+                                 streamed=streamed, back_to_back=True))
+        print(_row(len(warm.client_ms) / min(args.seconds, 3.0), warm) + "  one call at a time, back to back")
         floor = stack.enter_context(_process([], tmp / "floor.log",
                                              script=["--serve-floor", f"--replicas={args.replicas}"]))
         asyncio_run(_load(floor, [], prompts, rate_rps=args.rate, seconds=2.0, streamed=streamed))  # warm-up
@@ -183,7 +188,8 @@ class Result:
 
 
 async def _load(router: Proc, neighbours: list[Proc], prompts: list[str], rate_rps: float, seconds: float,
-                streamed: bool) -> Result:
+                streamed: bool, back_to_back: bool = False) -> Result:
+    """Poisson arrivals at `rate_rps`; `back_to_back`: one call at a time instead, each sent as the last returns."""
     from bear.router.client import AsyncRouterClient, RouterError
 
     result = Result()
@@ -205,6 +211,10 @@ async def _load(router: Proc, neighbours: list[Proc], prompts: list[str], rate_r
     async with AsyncRouterClient(router.address, timeout_s=5.0, streamed=streamed) as client:
         tasks, due = [], time.perf_counter()
         end = due + seconds
+        if back_to_back:
+            while time.perf_counter() < end:
+                await one(rng.choice(prompts))
+            due = end
         while due < end:
             wait = due - time.perf_counter()
             if wait > 0:
