@@ -211,11 +211,9 @@ async def _load(router: Proc, neighbours: list[Proc], prompts: list[str], rate_r
     async with AsyncRouterClient(router.address, timeout_s=5.0, streamed=streamed) as client:
         tasks, due = [], time.perf_counter()
         end = due + seconds
-        if back_to_back:
-            while time.perf_counter() < end:
-                await one(rng.choice(prompts))
-            due = end
-        while due < end:
+        while back_to_back and time.perf_counter() < end:
+            await one(rng.choice(prompts))
+        while not back_to_back and due < end:
             wait = due - time.perf_counter()
             if wait > 0:
                 await asyncio.sleep(wait)

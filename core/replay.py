@@ -109,9 +109,9 @@ def prepare_arrivals(prepared: PreparedState, arrivals: Sequence[Arrival],
     converted)."""
     if after is not None and after.prepared is not prepared:
         raise InvalidState("arrivals prepared for another state cannot be extended with this one's")
-    taken = set(prepared.id_set) | (after.id_set if after is not None else set())
     if arrivals:
-        check_arrivals(arrivals, prepared.state.engine, taken)
+        check_arrivals(arrivals, prepared.state.engine,
+                       prepared.id_set | after.id_set if after is not None else prepared.id_set)
     new_ids = {a.request.id for a in arrivals}
     if after is None:
         return PreparedArrivals(prepared, tuple(arrivals), frozenset(new_ids), tuple(_native_arrivals(arrivals)))

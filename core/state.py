@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 
@@ -166,7 +167,7 @@ def check_query_cached_tokens(cached_tokens: int, query: Query) -> None:
              f"got {cached_tokens}")
 
 
-def check_arrivals(arrivals: Sequence[Arrival], engine: EngineConfig, taken_ids: set[str]) -> None:
+def check_arrivals(arrivals: Sequence[Arrival], engine: EngineConfig, taken_ids: AbstractSet[str]) -> None:
     seen = set(taken_ids)
     for index, arrival in enumerate(arrivals):
         request = arrival.request
