@@ -32,6 +32,7 @@ from bear.core.reference import replay_reference
 from bear.core.result import Infeasibility, ReplayResult, ReplayStatus, ScheduledBatch, explain
 from bear.core.state import (
     Arrival,
+    EngineConfig,
     InstanceState,
     InvalidState,
     Query,
@@ -90,16 +91,47 @@ class Target:
     query_cached_tokens: int = 0  # prompt tokens of the query this instance's prefix cache holds when it is admitted
 
 
+_ENGINE_FIELDS = tuple(field.name for field in dataclasses.fields(EngineConfig))
+_ENGINE_COUNTS = ("max_num_batched_tokens", "max_num_seqs", "block_size", "num_gpu_blocks", "max_model_len",
+                  "long_prefill_token_threshold")
+# Counts beyond it may wrap the compiled core's 64-bit sums (an instance's blocks, a request's tokens) past its checks.
+_SAFE_COUNT = 1 << 40
+
+
 def prepare(state: InstanceState) -> PreparedState:
-    """Checks `state` (raises InvalidState) and converts it once for the compiled core."""
-    check_state(state)
-    engine = _native.EngineConfig()
-    for field in dataclasses.fields(state.engine):
-        setattr(engine, field.name, getattr(state.engine, field.name))
-    native = _native.PreparedState(engine, state.free_blocks, _table(state.running), _table(state.waiting),
-                                   state.shared_blocks)
+    """Checks `state` (raises InvalidState) and converts it once for the compiled core.
+
+    The compiled core checks what `check_state` does but the requests' ids and max_tokens, on counts its 64-bit sums
+    hold (a snapshot a step: this runs hundreds of times a second); `check_state` runs where those do not settle it,
+    and to name a fault the core found: the same states pass and fail, with the same errors, as with `check_state`
+    first."""
     ids = tuple(r.id for r in state.running) + tuple(r.id for r in state.waiting)
-    return PreparedState(state, native, ids, frozenset(ids))
+    id_set = frozenset(ids)
+    try:
+        running, waiting = _table(state.running), _table(state.waiting)
+        if not _core_checks_suffice(state, running, waiting, len(id_set) == len(ids)):
+            check_state(state)
+        engine = _native.EngineConfig()
+        for name in _ENGINE_FIELDS:
+            setattr(engine, name, getattr(state.engine, name))
+        native = _native.PreparedState(engine, state.free_blocks, running, waiting, state.shared_blocks)
+    except InvalidState:
+        raise
+    except (ValueError, OverflowError, TypeError):
+        check_state(state)  # raises InvalidState naming the fault, where it sees one
+        raise
+    return PreparedState(state, native, ids, id_set)
+
+
+def _core_checks_suffice(state: InstanceState, running: np.ndarray, waiting: np.ndarray, unique_ids: bool) -> bool:
+    """Whether the compiled core's checks of `state` are `check_state`'s: its ids unique, no request at or past its
+    max_tokens (the core reads 0 and below as none), every count far inside 64 bits."""
+    engine = state.engine
+    counts = [getattr(engine, name) for name in _ENGINE_COUNTS] + [state.free_blocks, state.shared_blocks]
+    return (unique_ids and -_SAFE_COUNT < min(counts) and max(counts) < _SAFE_COUNT
+            and all(not t.size or (-_SAFE_COUNT < t.min() and t.max() < _SAFE_COUNT) for t in (running, waiting))
+            and not any(r.max_tokens is not None and not r.num_output_tokens < r.max_tokens
+                        for r in (*state.running, *state.waiting)))
 
 
 def prepare_arrivals(prepared: PreparedState, arrivals: Sequence[Arrival],

@@ -67,21 +67,14 @@ def state_from_snapshot(snapshot: snapshot_pb2.InstanceSnapshot, remaining: Rema
     prefix_caching = snapshot.engine.enable_prefix_caching
 
     def resident(message: snapshot_pb2.RequestState) -> ResidentRequest:
-        cached = {}
+        # In ResidentRequest's order of fields, by position: a snapshot a step, every resident.
+        fields = (message.request_id, message.num_prompt_tokens, message.num_computed_tokens, message.num_output_tokens,
+                  max(1, remaining(message)), message.num_allocated_blocks, message.max_tokens or None,
+                  message.num_output_placeholders)
         if prefix_caching and message.HasField("num_cached_tokens"):
-            cached = {"cached_tokens": message.num_cached_tokens, "num_evictable_blocks": message.num_evictable_blocks,
-                      "num_free_blocks_ahead": message.num_free_blocks_ahead}
-        return ResidentRequest(
-            id=message.request_id,
-            num_prompt_tokens=message.num_prompt_tokens,
-            num_computed_tokens=message.num_computed_tokens,
-            num_output_tokens=message.num_output_tokens,
-            remaining_output_tokens=max(1, remaining(message)),
-            num_allocated_blocks=message.num_allocated_blocks,
-            max_tokens=message.max_tokens or None,
-            num_output_placeholders=message.num_output_placeholders,
-            **cached,
-        )
+            return ResidentRequest(*fields, message.num_cached_tokens, message.num_evictable_blocks,
+                                   message.num_free_blocks_ahead)
+        return ResidentRequest(*fields)
 
     running = tuple(resident(r) for r in snapshot.running)
     # Blocks held (usable minus free) fewer than the running requests' counts add up to: prefix-cache hits on blocks

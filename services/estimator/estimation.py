@@ -63,6 +63,8 @@ from bear.v1 import snapshot_pb2
 # E[remaining output tokens] of residents of one model: (model, predicted output tokens at dispatch, tokens generated,
 # max_tokens with 0 for none), arrays of equal length -> array (e.g. Predictor.expected_remaining_tokens_many).
 RemainingTokens = Callable[[str, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+# by model: (requests, predicted length, generated tokens with those in flight, max_tokens, tokens in flight)
+_ResidentGroups = dict[str, tuple[list[snapshot_pb2.RequestState], np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
 
 MAX_CLOCK_AHEAD_S = 5.0  # how far a snapshot's times may be ahead of the estimator's clock (hosts' clock skew)
 PEER_KV_BLOCKS_TOLERANCE = 0.1  # a peer's KV cache may differ by this fraction (the same GPU and memory share)
@@ -176,6 +178,8 @@ class _Instance:
     prefixes: PrefixIndex = field(default_factory=PrefixIndex)  # what its prefix cache likely holds
     arrivals: _Arrivals | None = None  # the dispatches since `prepared`, as the last Estimate replayed them
     refusal: str = ""  # why its latest snapshot was refused, if it was (cleared when one is adopted)
+    # (snapshot, version of `dispatches` and model, its residents by model) from `resident_lengths`, to its adoption
+    resident_groups: tuple[snapshot_pb2.InstanceSnapshot, tuple[int, int, str], _ResidentGroups] | None = None
 
 
 @dataclass(slots=True)
@@ -260,8 +264,7 @@ class Estimator:
         if current is not None and snapshot.sequence_number < current.sequence_number:
             instance.prefixes.clear()  # the engine started over (its steps counted from 0): so did its prefix cache
         instance.prefixes.set_capacity(snapshot.engine.num_gpu_blocks, snapshot.engine.block_size)
-        lengths = self._residents_remaining(instance, (*snapshot.running, *snapshot.waiting),
-                                            remaining or self._remaining)
+        lengths = self._residents_remaining(instance, snapshot, remaining or self._remaining)
         self._forget_admitted_prefixes(instance, snapshot.running)
         state = state_from_snapshot(snapshot, lambda r: lengths[r.request_id])
         if snapshot.engine.enable_prefix_caching:
@@ -279,7 +282,7 @@ class Estimator:
                          ) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """What `update_snapshot` will ask `RemainingTokens` for the snapshot's residents: by model, (predicted output
         tokens at dispatch, tokens generated, max_tokens with 0 for none)."""
-        groups = self._resident_groups(self._instance(snapshot.instance_id), (*snapshot.running, *snapshot.waiting))
+        groups = self._resident_groups(self._instance(snapshot.instance_id), snapshot)
         return {model: (predicted, generated, max_tokens) for model, (_, predicted, generated, max_tokens, _)
                 in groups.items()}
 
@@ -446,24 +449,30 @@ class Estimator:
                                 reason=f"{why}: LPS closed form")
         return TtftEstimate(instance_id, None, Method.NONE, age, reason=f"{why}, no LPS parameters")
 
-    def _residents_remaining(self, instance: _Instance, residents: tuple[snapshot_pb2.RequestState, ...],
+    def _residents_remaining(self, instance: _Instance, snapshot: snapshot_pb2.InstanceSnapshot,
                              remaining: RemainingTokens) -> dict[str, int]:
         """Each resident's expected output tokens still to come, the token in flight included (at least 1)."""
         lengths: dict[str, int] = {}
-        for model, (group, predicted, generated, max_tokens, in_flight) in self._resident_groups(
-                instance, residents).items():
-            expected = remaining(model, predicted, generated, max_tokens)
-            for request, value, flight in zip(group, expected, in_flight, strict=True):
-                lengths[request.request_id] = max(1, round(float(value) + flight))
+        groups = self._resident_groups(instance, snapshot)
+        instance.resident_groups = None
+        for model, (group, predicted, generated, max_tokens, in_flight) in groups.items():
+            expected = np.asarray(remaining(model, predicted, generated, max_tokens), dtype=np.float64) + in_flight
+            if not np.isfinite(expected).all():
+                raise ValueError(f"remaining output lengths of model {model!r} are not all finite numbers")
+            rounded = np.maximum(np.rint(expected), 1).astype(np.int64)  # half to even, as round()
+            lengths.update(zip((r.request_id for r in group), rounded.tolist(), strict=True))
         return lengths
 
-    def _resident_groups(self, instance: _Instance, residents: tuple[snapshot_pb2.RequestState, ...]
-                         ) -> dict[str, tuple[list[snapshot_pb2.RequestState], np.ndarray, np.ndarray, np.ndarray,
-                                              np.ndarray]]:
-        """Residents by model: (requests, predicted length, generated tokens with those in flight, max_tokens,
-        tokens in flight)."""
+    def _resident_groups(self, instance: _Instance, snapshot: snapshot_pb2.InstanceSnapshot) -> _ResidentGroups:
+        """The snapshot's residents by model: (requests, predicted length, generated tokens with those in flight,
+        max_tokens, tokens in flight). Kept from `resident_lengths` to the snapshot's adoption (a snapshot a step, all
+        its residents) while the instance's dispatches and model stay as they were."""
+        version = (instance.dispatches.changes, len(instance.dispatches), instance.model)
+        kept = instance.resident_groups
+        if kept is not None and kept[0] is snapshot and kept[1] == version:
+            return kept[2]
         by_model: dict[str, list[tuple[snapshot_pb2.RequestState, float]]] = {}
-        for request in residents:
+        for request in (*snapshot.running, *snapshot.waiting):
             dispatch = instance.dispatches.by_id.get(self._request_key(request.request_id))
             model = dispatch.model if dispatch is not None else instance.model
             predicted = (dispatch.predicted_output_tokens if dispatch is not None
@@ -476,6 +485,7 @@ class Estimator:
             generated = np.array([r.num_output_tokens for r, _ in group], dtype=np.float64) + in_flight
             groups[model] = ([r for r, _ in group], np.array([p for _, p in group], dtype=np.float64), generated,
                              np.array([r.max_tokens for r, _ in group], dtype=np.float64), in_flight)
+        instance.resident_groups = (snapshot, version, groups)
         return groups
 
     def note_refused(self, instance_id: str, why: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from google.protobuf import json_format
 
@@ -54,6 +56,26 @@ def test_a_snapshot_becomes_a_replayable_state() -> None:
     assert state.running[0].remaining_output_tokens == 25
     assert state.waiting[0].remaining_output_tokens == 1  # never below one
     assert replay(state, make_query(), COEFFICIENTS).feasible
+
+
+@pytest.mark.parametrize("reported_cache", [True, False])
+def test_every_field_of_a_resident_lands_in_its_own_place(reported_cache: bool) -> None:
+    """Residents are built by position (a snapshot a step): distinct values catch two fields swapped."""
+    message = snapshot_pb2.RequestState(
+        request_id="r", num_prompt_tokens=101, num_computed_tokens=102, num_output_tokens=103, max_tokens=104,
+        num_allocated_blocks=105, num_output_placeholders=106)
+    if reported_cache:
+        message.num_cached_tokens, message.num_evictable_blocks, message.num_free_blocks_ahead = 107, 108, 109
+    snapshot = _snapshot()
+    snapshot.engine.enable_prefix_caching = True
+    del snapshot.running[:]
+    snapshot.running.append(message)
+    resident = state_from_snapshot(snapshot, remaining=lambda r: 110).running[0]
+    assert dataclasses.asdict(resident) == dict(
+        id="r", num_prompt_tokens=101, num_computed_tokens=102, num_output_tokens=103, remaining_output_tokens=110,
+        num_allocated_blocks=105, max_tokens=104, num_output_placeholders=106,
+        cached_tokens=107 if reported_cache else 0, num_evictable_blocks=108 if reported_cache else 0,
+        num_free_blocks_ahead=109 if reported_cache else 0)
 
 
 @pytest.mark.parametrize("prefix_caching", [True, False])

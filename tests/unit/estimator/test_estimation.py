@@ -84,6 +84,37 @@ def test_residents_lengths_are_asked_by_model_and_answered_ahead() -> None:
     assert estimator.pending_decode_tokens("a") == (7 + 1) + 20 + 30  # the token in flight is added back
 
 
+def test_a_dispatch_recorded_after_the_lengths_were_asked_counts_when_the_snapshot_is_adopted() -> None:
+    """The residents as `resident_lengths` grouped them are kept for the adoption, but not past a dispatch that
+    changes them (routers send theirs along with Estimate calls, which may come while the lengths are resolved)."""
+    message = snapshot("a", NOW, [decoding("r1", output=4), decoding("r2", output=4)])
+    estimator = Estimator(remaining, {"m": 80.0})
+    estimator.add_instance("a", "m")
+    assert [rows[0].tolist() for rows in estimator.resident_lengths(message).values()] == [[80.0, 80.0]]
+    estimator.record_dispatch(Dispatch("r1", "a", "m", NOW - 1, 100, 300.0))
+    assert estimator.update_snapshot(message, NOW)
+    assert estimator.pending_decode_tokens("a") == (300 - 4) + (80 - 4)
+
+
+@pytest.mark.parametrize("answer", [math.inf, math.nan])
+def test_remaining_lengths_that_are_not_numbers_refuse_the_snapshot_and_keep_the_previous_one(answer: float) -> None:
+    first = snapshot("a", NOW, [decoding("r1")])
+    estimator = estimator_with(first)
+    later = snapshot("a", NOW + 1, [decoding("r1", output=2)])
+    with pytest.raises(ValueError, match="remaining output lengths of model 'm' are not all finite numbers"):
+        estimator.update_snapshot(later, NOW + 1, lambda model, predicted, *_: np.full(len(predicted), answer))
+    assert estimator.snapshot("a") is first
+
+
+@pytest.mark.parametrize(("expected", "length"), [(2.5, 2), (3.5, 4), (0.2, 1), (6.49, 6)])
+def test_remaining_lengths_round_half_to_even_and_are_at_least_one(expected: float, length: int) -> None:
+    message = snapshot("a", NOW, [decoding("r1", output=4)])
+    estimator = Estimator(remaining, {"m": 80.0})
+    estimator.add_instance("a", "m")
+    assert estimator.update_snapshot(message, NOW, lambda model, predicted, *_: np.full(len(predicted), expected))
+    assert estimator.pending_decode_tokens("a") == length
+
+
 def test_a_resident_without_a_dispatch_takes_the_mean_length_of_its_model_named_by_repository_id() -> None:
     message = snapshot("a", NOW, [decoding("r1", output=4)])
     message.model = "Qwen/Qwen3-8B"  # vLLM's served name by default; the artifact's means say Qwen3-8B
