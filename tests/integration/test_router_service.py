@@ -45,13 +45,16 @@ def stack(tmp_path: Path) -> Iterator[RouterStack]:
 
 
 def test_route_answers_with_every_candidate_and_records_the_dispatch(stack: RouterStack) -> None:
-    decision = stack.route(ttft_slo_ms=250.0, request_id="q-1")
-    # Fake estimates: small 100 ms, medium 200 ms, large 300 ms; medium has the best utility within 250 ms.
+    # The router's own time counts against the target: on a busy 2-core CI host this call once took over 50 ms, and
+    # medium's 200 ms no longer fitted 250 ms. A first call also waits for the registrations' first read.
+    stack.route(ttft_slo_ms=280.0, request_id="warm-up")
+    decision = stack.route(ttft_slo_ms=280.0, request_id="q-1")
+    # Fake estimates: small 100 ms, medium 200 ms, large 300 ms; medium has the best utility within 280 ms.
     assert (decision.request_id, decision.decision, decision.instance_id) == ("q-1", router_pb2.DECISION_ROUTE,
                                                                               "medium-0")
     assert (decision.endpoint, decision.model, decision.policy) == ("http://medium-0.test:8000", "Qwen3-8B", "bear")
     assert decision.reason and not decision.degraded and decision.decision_ms > 0
-    assert 250.0 - decision.decision_ms <= decision.ttft_budget_ms < 250.0  # the target less the router's time
+    assert 280.0 - decision.decision_ms <= decision.ttft_budget_ms < 280.0  # the target less the router's time
     by_id = {c.instance_id: c for c in decision.candidates}
     assert set(by_id) == {"small-0", "medium-0", "large-0"}
     large = by_id["large-0"]
@@ -64,7 +67,7 @@ def test_route_answers_with_every_candidate_and_records_the_dispatch(stack: Rout
     record = wire.dispatch_from_bytes(stack.redis.get(redis_keys.dispatch_key("q-1")))
     assert (record.instance_id, record.model, record.prompt_tokens, record.predicted_output_tokens) == (
         "medium-0", "Qwen3-8B", 8, 350.0)  # the predictor's count: 8 words
-    assert (record.predicted_ttft_ms, record.ttft_slo_ms) == (200.0, 250.0)
+    assert (record.predicted_ttft_ms, record.ttft_slo_ms) == (200.0, 280.0)
     assert abs(record.dispatched_at_s - time.time()) < 5
     assert stack.redis.zscore(redis_keys.dispatches_key("medium-0"), "q-1") == record.dispatched_at_s
     assert 0 < stack.redis.pttl(redis_keys.dispatch_key("q-1")) <= redis_keys.DISPATCH_TTL_S * 1000

@@ -235,8 +235,9 @@ def test_estimator_then_predictor_killed_under_load(deployment: Deployment) -> N
     # 40 calls/s: this process hosts the router and the load, beside the two services and Redis. At 80/s, CI (a
     # machine ~3x slower, and busy) lost 114 of 480 calls to their 5 s deadline; with the cores shared five ways
     # (busy loops beside the test), the router and the load fell behind from the first second, before either service
-    # stopped, and calls queued for 2-4 s; at 40/s the slowest took 0.5 s.
-    load = Load(f"127.0.0.1:{deployment.router.port}", count=480, rate_rps=40.0)
+    # stopped, and calls queued for 2-4 s; at 40/s the slowest took 0.5 s, but on 2026-12-07's CI host (a Python loop
+    # ~800 ns, 2.5x the usual) 178 of 480 calls missed their deadline (p50 4.4 s), though the test passed alone there.
+    load = Load(f"127.0.0.1:{deployment.router.port}", count=480, rate_rps=30.0)
     load.wait_until_sent(60)
     deployment.estimator.stop()
     load.wait_until_sent(load.sent + 40)
