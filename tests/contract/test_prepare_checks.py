@@ -95,3 +95,15 @@ def test_a_request_at_its_max_tokens_is_refused_though_the_core_does_not_check_i
     request = ResidentRequest("a", 10, 12, 3, 5, num_allocated_blocks=1, max_tokens=max_tokens)
     with pytest.raises(InvalidState, match="num_output_tokens must be below max_tokens"):
         prepare(InstanceState(engine, 10, running=(request,)))
+
+
+@pytest.mark.parametrize("blocks", [2**63 - 1, 2**40])
+def test_counts_that_would_wrap_the_cores_sums_are_refused_as_check_state_refuses_them(blocks: int) -> None:
+    """Found by the altered states (in a longer run than CI's): a running request holding 2^63 - 1 blocks wrapped the
+    compiled core's sum of blocks held and passed its check; `check_state` refuses it, and so does prepare."""
+    engine = EngineConfig(max_num_batched_tokens=16, max_num_seqs=2, block_size=1, num_gpu_blocks=2, max_model_len=64)
+    state = InstanceState(engine, 0, running=(ResidentRequest("r0", 2, 1, 0, 1, num_allocated_blocks=blocks),
+                                              ResidentRequest("r1", 2, 1, 0, 1, num_allocated_blocks=1)))
+    with pytest.raises(InvalidState, match=re.escape("running requests' blocks (shared ones once) + free_blocks "
+                                                     "exceed num_gpu_blocks")):
+        prepare(state)
