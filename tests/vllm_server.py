@@ -227,10 +227,14 @@ class Sidecar:
                    "--poll-interval-ms", str(self.poll_interval_ms), "--engine-health-url", f"{self.server.url}/health"]
         if self.model:
             command += ["--model", self.model]
-        # Not pinned to core 0, where vLLM's EngineCore polls its worker busily (in a pod it has a CPU of its own).
+        # In a pod it has a CPU of its own. Here: not pinned to core 0, where vLLM's EngineCore polls its worker
+        # busily, and in a session of its own. Where the kernel schedules by session (sched_autogroup), a process
+        # shares the CPU with the rest of its session first: in the test run's session it got what the test process,
+        # its Redis and anything else there left over (CI, 2 cores: 73 states published in 9 s, against 184 here
+        # with the engine at the same speed).
         with open(self.log, "a") as log:
             self.process = subprocess.Popen(command, env=dict(os.environ, **self.environ), stdout=subprocess.PIPE,
-                                            stderr=log, text=True)
+                                            stderr=log, text=True, start_new_session=True)
         assert self.process.stdout is not None
         line = self.process.stdout.readline()
         match = re.fullmatch(r"grpc_port=(\d+) metrics_port=\n", line)

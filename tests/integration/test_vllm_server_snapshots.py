@@ -131,6 +131,12 @@ def staleness_s(earlier: snapshot_pb2.InstanceSnapshot, later: snapshot_pb2.Inst
     return later.read_at_s - earlier.read_at_s
 
 
+def plugin_lines(server: VllmServer) -> list[str]:
+    """What BEAR's scheduler plugin logged in the engine's log (its errors, contained, are counted and logged)."""
+    return [line for line in server.log.read_text(errors="replace").splitlines()
+            if "BEAR snapshot" in line or "recorder.py" in line][-20:]
+
+
 def engine_request_id(request_id: str) -> re.Pattern[str]:
     return re.compile(rf"cmpl-{re.escape(request_id)}-0-[0-9a-f]{{8}}")
 
@@ -141,7 +147,7 @@ def test_snapshots_reach_redis_every_step_and_agree_with_the_engine(vllm_server:
     assert isinstance(before, snapshot_pb2.InstanceSnapshot)
     subscription = Subscription(client)
     time.sleep(0.3)
-    started = time.monotonic()
+    started, started_at_s = time.monotonic(), time.time()  # the second on the clock of the snapshots' read_at_s
     sent = run_workload(vllm_server, "w1", 32)
     elapsed = time.monotonic() - started
     idle = wait_until(lambda: (s := sidecar.snapshot()) is not None and not s.running and not s.waiting and s, 30,
@@ -152,8 +158,10 @@ def test_snapshots_reach_redis_every_step_and_agree_with_the_engine(vllm_server:
     engine_steps = idle.next_step_index - before.next_step_index  # what the engine executed, as the sidecar read it
     timeline = (f"the engine executed {engine_steps} steps; {len(arrivals)} snapshots arrived, "
                 f"{arrivals[0][0] - started:.2f} s to {arrivals[-1][0] - started:.2f} s after the workload started "
-                f"(it took {elapsed:.2f} s); listener error: {subscription.error!r}; the sidecar's log ends with:\n"
-                f"{sidecar.log.read_text()[-3000:]}") if arrivals else f"no snapshot arrived ({subscription.error!r})"
+                f"(it took {elapsed:.2f} s); listener error: {subscription.error!r}; the plugin's lines in the "
+                f"engine's log: {plugin_lines(vllm_server)}; the sidecar's log ends with:\n"
+                f"{sidecar.log.read_text()[-3000:]}"
+                ) if arrivals else f"no snapshot arrived ({subscription.error!r})"
     assert engine_steps >= 100, timeline
     assert subscription.error is None and len(arrivals) >= 20, timeline
     by_sequence: dict[int, snapshot_pb2.InstanceSnapshot] = {}
@@ -165,7 +173,14 @@ def test_snapshots_reach_redis_every_step_and_agree_with_the_engine(vllm_server:
     busy = [s for s in snapshots if s.running or s.waiting]
     pairs = list(zip(busy, busy[1:]))
     gaps_ms = sorted(1e3 * (b.read_at_s - a.read_at_s) for a, b in pairs)
-    stale_ms = sorted(1e3 * staleness_s(a, b) for a, b in pairs)
+    # Every busy state until the next one, busy or idle: the last busy state stays published until the idle one
+    # replaces it, and a sidecar that stopped publishing mid-workload shows there.
+    stale_ms = sorted(1e3 * staleness_s(a, b) for a, b in zip(snapshots, snapshots[1:]) if a.running or a.waiting)
+    if busy:
+        after_busy = [s.read_at_s for s in snapshots if s.sequence_number > busy[-1].sequence_number]
+        timeline = (f"busy states read {busy[0].read_at_s - started_at_s:.2f} s to "
+                    f"{busy[-1].read_at_s - started_at_s:.2f} s after the workload started, the next state "
+                    f"{min(after_busy, default=0) - started_at_s:.2f} s after it; {timeline}")
     print(f"\nvLLM server: {len(sent)} requests in {elapsed:.1f} s, {steps} engine steps ({steps / elapsed:.0f}/s), "
           f"{len(snapshots)} snapshots published to Redis ({len(snapshots) / elapsed:.0f}/s), the state before "
           f"{steps_seen} of the steps among them; between snapshots: median {gaps_ms[len(gaps_ms) // 2]:.0f} ms, "
@@ -177,8 +192,8 @@ def test_snapshots_reach_redis_every_step_and_agree_with_the_engine(vllm_server:
     # a new one at least every 100 ms at the median, and no superseded state published for over a second (the
     # paper's routing tolerates 400 ms). A long gap over one long engine step (a slow machine's prefill) is no
     # staleness: the published state was the engine's until that step ended.
-    assert steps_seen >= 0.2 * steps and len(busy) >= 20
-    assert gaps_ms[len(gaps_ms) // 2] <= 100 and stale_ms[-1] <= 1000
+    assert steps_seen >= 0.2 * steps and len(busy) >= 20, timeline
+    assert gaps_ms[len(gaps_ms) // 2] <= 100 and stale_ms[-1] <= 1000, timeline
 
     for snapshot in snapshots:
         assert (snapshot.instance_id, snapshot.pool, snapshot.model) == (INSTANCE, "test", MODEL)
@@ -210,7 +225,9 @@ def test_snapshots_reach_redis_every_step_and_agree_with_the_engine(vllm_server:
             assert request.num_output_tokens >= outputs_seen.get(owner.request_id, 0)  # no preemption here
             outputs_seen[owner.request_id] = request.num_output_tokens
     print(f"requests seen resident in published snapshots: {len(outputs_seen)} of {len(patterns)}")
-    assert len(outputs_seen) >= 0.75 * len(patterns)  # the shortest live ~80 ms, sometimes between two snapshots
+    missed = [(s.request_id, s.prompt_tokens, s.max_tokens) for s in sent if s.request_id not in outputs_seen]
+    # The shortest live ~80 ms, sometimes between two snapshots.
+    assert len(outputs_seen) >= 0.75 * len(patterns), f"never seen resident: {missed}; {timeline}"
 
     # Redis holds the idle state the sidecar read, or a later write of it (CI: the engine wrote the region once more,
     # 2 ms after the state the test read, with nothing resident): never a superseded busy one.
