@@ -15,9 +15,15 @@ failed with. Results may come back out of order: a slow call does not hold up th
   the unary method's logic (raising `CallFailed` for an error status), which `answer_unary` serves as the unary
   method. `close()` ends every stream once its calls in flight are answered (at shutdown: the callers open a new
   stream, to another replica).
-- Client: `CallStream(channel, method, call_type, result_type)` opens the stream on the first call and again after
-  it ended; `call(request, timeout_s)` raises `CallFailed` with the status of the call or of the stream. A deadline
-  that passes while the loop is busy still takes an answer already read (`_expire`).
+- Client: `CallStream(channel, method, call_type, result_type, width=N)` keeps up to N streams open, opened as calls
+  need them and again after one ended, and sends each call on the next in turn; `call(request, timeout_s)` raises
+  `CallFailed` with the status of the call or of the stream. A deadline that passes while the loop is busy still takes
+  an answer already read (`_expire`). A stream is retired after `max_age_s` (give or take a fifth, so that clients do
+  not retire theirs together; a client's first streams sooner, `FIRST_STREAM_AGE_S`): later calls go on a new one, and the old one ends once its calls are answered (the
+  client stops writing; the server answers what it read, then ends it with OK), so no call fails for it. With the
+  channel's round_robin policy (`bear.common.channels`) and a name that resolves to several replicas (a headless
+  Service), each new stream goes to the next replica: N streams spread a client's calls over up to N replicas, and
+  retiring them brings replicas added later (found again as servers recycle connections) their share.
   `StreamedMethod` uses the twin and falls back to the unary method where a server has no twin (an older version),
   trying the twin again a minute later.
 
@@ -34,6 +40,7 @@ import functools
 import itertools
 import logging
 import math
+import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -48,6 +55,12 @@ CALL_STREAM_SUFFIX = "Stream"  # how a stream of calls is named: the unary metho
 MAX_CALLS_IN_FLIGHT = 512  # per stream: beyond this many unanswered calls the server stops reading the stream
 UNARY_RETRY_S = 60.0  # a server without the twin is asked again after this long (it may have been upgraded)
 LATE_TURNS = 4  # loop passes an expired call still waits: its answer may be read, passed on and taken meanwhile
+# A client's stream is retired after this long (× 0.8–1.0): well within a server's connection-age grace
+# (`bear.common.channels.MAX_CONNECTION_AGE_GRACE_MS`), after which a connection's streams are cut.
+STREAM_MAX_AGE_S = 30.0
+# The first stream of each of a client's places lives this long, the next twice as long, and so on up to the most: a
+# channel just opened may have one replica connected of several, and its streams, all on that one, would keep to it.
+FIRST_STREAM_AGE_S = 1.0
 # A server span is an error only for these codes (OpenTelemetry's gRPC conventions, as its instrumentation does for
 # unary calls): INVALID_ARGUMENT or ALREADY_EXISTS is the caller's mistake, not the server's.
 _SERVER_ERROR_CODES = frozenset({grpc.StatusCode.UNKNOWN, grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -286,12 +299,15 @@ class CallStreamServer(Generic[Request, Response]):
 # Client --------------------------------------------------------------------------------------------------------------
 
 class _OpenStream:
-    def __init__(self, call: grpc.aio.StreamStreamCall) -> None:
+    def __init__(self, call: grpc.aio.StreamStreamCall, slot: int, retire_at: float) -> None:
         self.call = call
+        self.slot = slot  # its place among the client's streams
+        self.retire_at = retire_at  # loop time after which new calls go on a new stream
         self.pending: dict[int, asyncio.Future[Any]] = {}
         self.write_lock = asyncio.Lock()
         self.reader: asyncio.Task[None] | None = None
         self.ended: CallFailed | None = None
+        self.retired = False  # no more calls: written to the end (done_writing), or about to be
 
 
 def _retrieved(task: asyncio.Task[Any]) -> None:
@@ -312,18 +328,28 @@ def _expire(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], turns:
 
 
 class CallStream(Generic[Request, Response]):
-    """Calls over one stream of `method`, opened on the first call and again after it ended (the server restarted,
-    the connection broke, the server closed it at shutdown). A stream that ends fails its calls in flight with its
-    status; later calls open a new one."""
+    """Calls over up to `width` streams of `method`, each call on the next stream in turn; a stream is opened when a
+    call needs it, again after it ended (the server restarted, the connection broke, the server closed it at
+    shutdown) and after `max_age_s` (the old one retired: it ends once its calls are answered). A stream that ends
+    fails its calls in flight with its status; later calls open a new one."""
 
     def __init__(self, channel: grpc.aio.Channel, method: str, call_type: Callable[..., Any], result_type: Any,
-                 traced: bool = True) -> None:
+                 traced: bool = True, width: int = 1, max_age_s: float = STREAM_MAX_AGE_S) -> None:
+        if width < 1:
+            raise ValueError(f"width must be >= 1, got {width}")
+        if not (max_age_s > 0):
+            raise ValueError(f"max_age_s must be > 0, got {max_age_s}")
         self._open = channel.stream_stream(method, request_serializer=call_type.SerializeToString,
                                            response_deserializer=result_type.FromString)
         self._call_type, self._span_name, self._traced = call_type, method, traced
         self._ids = itertools.count(1)
-        self._stream: _OpenStream | None = None
+        self._streams: list[_OpenStream | None] = [None] * width
+        self._opened = [0] * width  # streams opened in each place so far
+        self._turns = itertools.cycle(range(width))
+        self._max_age_s = max_age_s
         self._tracer = trace.get_tracer(__name__)
+        self._live: set[_OpenStream] = set()  # every stream not yet ended, retired ones too
+        self._retiring: set[asyncio.Task[None]] = set()
 
     async def call(self, request: Request, timeout_s: float) -> Response:
         message = self._call_type(call_id=next(self._ids), timeout_ms=timeout_s * 1000)
@@ -342,8 +368,11 @@ class CallStream(Generic[Request, Response]):
             return response
 
     async def close(self) -> None:
-        stream, self._stream = self._stream, None
-        if stream is not None:
+        self._streams = [None] * len(self._streams)
+        for task in list(self._retiring):
+            task.cancel()
+        await asyncio.gather(*self._retiring, return_exceptions=True)
+        for stream in list(self._live):
             stream.call.cancel()
             if stream.reader is not None:
                 # Its read may wait on gRPC for good when the loop was interrupted half-way through a callback (a
@@ -351,8 +380,18 @@ class CallStream(Generic[Request, Response]):
                 stream.reader.cancel()
                 await asyncio.gather(stream.reader, return_exceptions=True)
 
+    def _stream(self) -> _OpenStream:
+        """The stream for the next call: the next in turn, opened anew when it ended or is due to retire."""
+        slot = next(self._turns)
+        stream = self._streams[slot]
+        if stream is not None and stream.ended is None:
+            if asyncio.get_running_loop().time() < stream.retire_at:
+                return stream
+            self._retire(stream)
+        return self._start(slot)
+
     async def _exchange(self, message: _CallMessage, timeout_s: float) -> Response:
-        stream = self._stream if self._stream is not None and self._stream.ended is None else self._start()
+        stream = self._stream()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         future: asyncio.Future[Response] = loop.create_future()
@@ -379,11 +418,28 @@ class CallStream(Generic[Request, Response]):
             elif not future.cancelled():
                 future.exception()  # retrieved: the stream's end may have failed it after the error raised here
 
+    def _retire(self, stream: _OpenStream) -> None:
+        """No more calls on `stream`: once the writes already queued are done, the client says it has finished
+        writing; the server answers the calls it read and ends the stream with OK (its reader then ends)."""
+        stream.retired = True
+
+        async def finish() -> None:
+            try:
+                async with stream.write_lock:  # after the writes queued before (the lock is first come, first served)
+                    if stream.ended is None:
+                        await stream.call.done_writing()
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
+                pass  # the stream ended meanwhile: its reader has the status
+
+        task = asyncio.ensure_future(finish())
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
     def _cancel(self, stream: _OpenStream, call_id: int) -> None:
         async def write() -> None:
             async with stream.write_lock:
-                if stream.ended is None:
-                    await stream.call.write(self._call_type(call_id=call_id, cancel=True))
+                if stream.ended is None and not stream.retired:  # a retired one's server gives the call up itself,
+                    await stream.call.write(self._call_type(call_id=call_id, cancel=True))  # at its deadline
 
         asyncio.ensure_future(write()).add_done_callback(_retrieved)
 
@@ -401,8 +457,12 @@ class CallStream(Generic[Request, Response]):
             await asyncio.gather(stream.reader, return_exceptions=True)  # type: ignore[arg-type]
             raise stream.ended or CallFailed(grpc.StatusCode.UNAVAILABLE, "the stream of calls ended") from None
 
-    def _start(self) -> _OpenStream:
-        stream = self._stream = _OpenStream(self._open())
+    def _start(self, slot: int) -> _OpenStream:
+        age_s = min(self._max_age_s, FIRST_STREAM_AGE_S * 2.0 ** min(self._opened[slot], 64))
+        self._opened[slot] += 1
+        retire_at = asyncio.get_running_loop().time() + age_s * random.uniform(0.8, 1.0)
+        stream = self._streams[slot] = _OpenStream(self._open(), slot, retire_at)
+        self._live.add(stream)
         stream.reader = asyncio.ensure_future(self._read(stream))
         return stream
 
@@ -426,8 +486,9 @@ class CallStream(Generic[Request, Response]):
             ended = CallFailed(grpc.StatusCode.CANCELLED, "the stream of calls was closed")
         finally:
             stream.ended = ended
-            if self._stream is stream:
-                self._stream = None
+            self._live.discard(stream)
+            if self._streams[stream.slot] is stream:
+                self._streams[stream.slot] = None
             for future in stream.pending.values():
                 if not future.done():
                     future.set_exception(ended)

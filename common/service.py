@@ -43,11 +43,13 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
+from bear.common.channels import CONNECTION_AGE_OPTIONS
+
 logger = logging.getLogger("bear.service")
 
 EXIT_BAD_INPUT = 2
 # gRPC sets SO_REUSEPORT on Linux by default: a second server on a port in use would start and share its calls.
-SERVER_OPTIONS = (("grpc.so_reuseport", 0),)
+SERVER_OPTIONS = (("grpc.so_reuseport", 0), *CONNECTION_AGE_OPTIONS)
 GRPC_DEFAULT_MAX_RECEIVE_BYTES = 4 * 1024 * 1024
 BACKGROUND_STOP_S = 2.0  # at shutdown, for the background tasks to unwind once cancelled
 TRACING_FLUSH_S = 2.0  # at shutdown, for the queued spans (an unreachable collector must not hold the exit)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import grpc
 import numpy as np
 
+from bear.common.channels import CLIENT_CHANNEL_OPTIONS
 from bear.common.service import client_interceptors
 from bear.estimator.remaining import RemainingUnavailable
 from bear.v1 import predictor_pb2, predictor_pb2_grpc
@@ -17,7 +18,8 @@ from bear.v1 import predictor_pb2, predictor_pb2_grpc
 
 class PredictorRemainingClient:
     def __init__(self, address: str, timeout_s: float) -> None:
-        self._channel = grpc.aio.insecure_channel(address, interceptors=client_interceptors())
+        self._channel = grpc.aio.insecure_channel(address, options=CLIENT_CHANNEL_OPTIONS,
+                                               interceptors=client_interceptors())
         self._stub = predictor_pb2_grpc.PredictorStub(self._channel)
         self._timeout_s = timeout_s
 

@@ -43,14 +43,15 @@ import grpc
 from opentelemetry import propagate
 
 from bear.common.call_streams import CallFailed, CallStream, StreamedMethod
+from bear.common.channels import CLIENT_CHANNEL_OPTIONS
 from bear.v1 import router_pb2, router_pb2_grpc
 
 DEFAULT_TIMEOUT_S = 1.0
 MAX_TIMEOUT_S = 1e6  # gRPC's deadline arithmetic overflows past ~1e9 s, and the call then fails at once
 STREAMED_REQUEST_BYTES = 256 * 1024  # larger Route requests (long prompts) go unary
-# The router may restart (a rollout): find it again within about a second, not after gRPC's back-off of up to 2 min.
-CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
-                   ("grpc.max_reconnect_backoff_ms", 1000))
+# The router may restart (a rollout): found again within about a second; router replicas behind one name (a headless
+# Service) take the calls in turn (`bear.common.channels`).
+CHANNEL_OPTIONS = CLIENT_CHANNEL_OPTIONS
 ROUTE_STREAM = f"/{router_pb2.DESCRIPTOR.services_by_name['Router'].full_name}/RouteStream"
 
 

@@ -29,12 +29,16 @@ without BEAR_, in lower case, e.g. `default_policy: bear`):
     BEAR_ROUTER_FORGET_AFTER_S         after Redis came back empty, its instances are still routed to this long
                                        (default 15)
     BEAR_ROUTER_FALLBACK_SNAPSHOT_AGE_S snapshots older than this give the fallback no queue lengths (default 10)
+                                       (these three at most 86400: a day)
     BEAR_ROUTER_TTFT_FEEDBACK_WINDOW   outcomes per instance whose median observed − estimated TTFT is added to the
                                        estimator's TTFTs (default 0: off; 64 is a good window; see the router's README)
     BEAR_ROUTER_RECENT_DISPATCHES_MS   this router's dispatches of the last this many ms (at most 32) go along with
                                        each Estimate call, ahead of Redis (default 250; 0: off)
-    BEAR_ROUTER_CALL_STREAMS           on (default): Predict and Estimate calls go over one long-lived stream each
+    BEAR_ROUTER_CALL_STREAMS           on (default): Predict and Estimate calls go over long-lived streams of calls
                                        (bear.common.call_streams); off: unary calls                --call-streams
+    BEAR_ROUTER_UPSTREAM_STREAMS       streams of calls open to each of the predictor and the estimator, calls
+                                       taken in turn (default 1, at most 64): with N replicas behind one name (a
+                                       headless Service) set N, and each stream goes to another replica
     BEAR_ROUTER_IN_PROCESS             predictor, estimator or both (predictor,estimator): run them inside the
                                        router instead of calling them over gRPC, with their own settings from the
                                        environment (BEAR_PREDICTOR_MODEL_DIR, BEAR_MAX_SNAPSHOT_AGE_S, ...; their
@@ -76,6 +80,8 @@ IN_PROCESS_SERVICES = ("predictor", "estimator")  # what BEAR_ROUTER_IN_PROCESS 
 MAX_PROMPT_BYTES_LIMIT = 256 * 1024 * 1024
 MAX_HORIZON_FACTOR = 1000.0
 MAX_TTFT_SLO_LIMIT_MS = 86_400_000.0  # BEAR_ROUTER_MAX_TTFT_SLO_MS at most: a day
+MAX_DURATION_S = 86_400.0  # BEAR_ROUTER_REFRESH_S, _FORGET_AFTER_S and _FALLBACK_SNAPSHOT_AGE_S at most
+MAX_UPSTREAM_STREAMS = 64  # BEAR_ROUTER_UPSTREAM_STREAMS at most
 MAX_TIMEOUT_S = 60.0  # the deadlines of the calls to the predictor, the estimator and Redis at most
 ENVIRONMENT = (
     "BEAR_ROUTER_HOST", "BEAR_ROUTER_GRPC_PORT", "BEAR_ROUTER_METRICS_PORT", "BEAR_ESTIMATOR_ADDRESS",
@@ -85,7 +91,8 @@ ENVIRONMENT = (
     "BEAR_ROUTER_MAX_PROMPT_BYTES", "BEAR_ROUTER_MAX_PROMPT_TOKENS", "BEAR_ROUTER_DEFAULT_OUTPUT_TOKENS",
     "BEAR_ROUTER_TOKENIZER", "BEAR_ROUTER_REFRESH_S", "BEAR_ROUTER_FORGET_AFTER_S",
     "BEAR_ROUTER_FALLBACK_SNAPSHOT_AGE_S", "BEAR_ROUTER_TTFT_FEEDBACK_WINDOW",
-    "BEAR_ROUTER_RECENT_DISPATCHES_MS", "BEAR_ROUTER_CALL_STREAMS", "BEAR_ROUTER_IN_PROCESS", "BEAR_SHUTDOWN_GRACE_S",
+    "BEAR_ROUTER_RECENT_DISPATCHES_MS", "BEAR_ROUTER_CALL_STREAMS", "BEAR_ROUTER_UPSTREAM_STREAMS",
+    "BEAR_ROUTER_IN_PROCESS", "BEAR_SHUTDOWN_GRACE_S",
     *REDIS_ENVIRONMENT, *DISCOVERY_ENVIRONMENT,
 )
 FLAGS = {  # flag → (environment variable, help)
@@ -131,6 +138,7 @@ class RouterConfig:
     ttft_feedback_window: int = 0
     recent_dispatches_s: float = 0.25
     call_streams: bool = True
+    upstream_streams: int = 1  # per neighbour (predictor, estimator)
     in_process: frozenset[str] = frozenset()  # of IN_PROCESS_SERVICES
     shutdown_grace_s: float = 5.0
     redis: RedisConfig = field(default_factory=RedisConfig)
@@ -152,7 +160,8 @@ class RouterConfig:
                             ("BEAR_ROUTER_REFRESH_S", self.refresh_interval_s),
                             ("BEAR_ROUTER_FORGET_AFTER_S", self.forget_after_s),
                             ("BEAR_ROUTER_FALLBACK_SNAPSHOT_AGE_S", self.fallback_snapshot_max_age_s)):
-            _require(math.isfinite(value) and value > 0, f"{name} must be > 0, got {value!r}")
+            shown = value * 1000 if name.endswith("_MS") else value  # as it was given
+            _require(math.isfinite(value) and value > 0, f"{name} must be > 0, got {shown!r}")
         # The replay's horizon, horizon_factor × the target + 1 s, must stay a finite number of milliseconds.
         _require(self.horizon_factor <= MAX_HORIZON_FACTOR,
                  f"BEAR_ROUTER_HORIZON_FACTOR must be at most {MAX_HORIZON_FACTOR:g}, got {self.horizon_factor!r}")
@@ -163,6 +172,11 @@ class RouterConfig:
                             ("BEAR_ROUTER_REDIS_TIMEOUT_MS", self.redis_timeout_s)):
             # A deadline on the Route path; gRPC fails a call at once whose timeout overflows its clock (~1e10 s).
             _require(value <= MAX_TIMEOUT_S, f"{name} must be at most {MAX_TIMEOUT_S * 1000:g}, got {value * 1000:g}")
+        for name, value in (("BEAR_ROUTER_REFRESH_S", self.refresh_interval_s),
+                            ("BEAR_ROUTER_FORGET_AFTER_S", self.forget_after_s),
+                            ("BEAR_ROUTER_FALLBACK_SNAPSHOT_AGE_S", self.fallback_snapshot_max_age_s)):
+            # Past a day a registration would never be re-read, a lost instance never forgotten, any snapshot current
+            _require(value <= MAX_DURATION_S, f"{name} must be at most {MAX_DURATION_S:g} (a day), got {value!r}")
         _require(self.refresh_interval_s >= 0.01, f"BEAR_ROUTER_REFRESH_S must be at least 0.01 (a reread of every "
                  f"registration in Redis each time), got {self.refresh_interval_s!r}")
         _require(1 <= self.default_output_tokens <= 1_000_000,
@@ -182,6 +196,8 @@ class RouterConfig:
         unknown = sorted(set(self.in_process) - set(IN_PROCESS_SERVICES))
         _require(not unknown, f"BEAR_ROUTER_IN_PROCESS: unknown service {unknown[0] if unknown else ''!r}; name "
                  "predictor, estimator, both (predictor,estimator) or none")
+        _require(1 <= self.upstream_streams <= MAX_UPSTREAM_STREAMS, f"BEAR_ROUTER_UPSTREAM_STREAMS must be in "
+                 f"[1, {MAX_UPSTREAM_STREAMS}], got {self.upstream_streams!r}")
         _require(math.isfinite(self.recent_dispatches_s) and 0 <= self.recent_dispatches_s <= 60,
                  f"BEAR_ROUTER_RECENT_DISPATCHES_MS must be in [0, 60000], got {1000 * self.recent_dispatches_s!r}")
 
@@ -214,6 +230,7 @@ class RouterConfig:
             ttft_feedback_window=env_int(environ, "BEAR_ROUTER_TTFT_FEEDBACK_WINDOW", d.ttft_feedback_window),
             recent_dispatches_s=_ms(environ, "BEAR_ROUTER_RECENT_DISPATCHES_MS", d.recent_dispatches_s),
             call_streams=env_bool(environ, "BEAR_ROUTER_CALL_STREAMS", d.call_streams),
+            upstream_streams=env_int(environ, "BEAR_ROUTER_UPSTREAM_STREAMS", d.upstream_streams),
             in_process=in_process_services(environ.get("BEAR_ROUTER_IN_PROCESS", "")),
             shutdown_grace_s=env_float(environ, "BEAR_SHUTDOWN_GRACE_S", d.shutdown_grace_s),
             redis=RedisConfig.from_environ(environ),

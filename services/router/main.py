@@ -107,10 +107,10 @@ async def build(config: RouterConfig, registry: CollectorRegistry | None = None,
                               RouterMetrics(REGISTRY if registry is None else registry))
         predictor: Predictions = local.predictor or _closed_with(
             closers, upstream.GrpcPredictor(config.predictor_address, config.predictor_timeout_s,
-                                            config.call_streams, telemetry.tracing))
+                                            config.call_streams, telemetry.tracing, config.upstream_streams))
         estimator: Estimates = local.estimator or _closed_with(
             closers, upstream.GrpcEstimator(config.estimator_address, config.estimator_timeout_s,
-                                            config.call_streams, telemetry.tracing))
+                                            config.call_streams, telemetry.tracing, config.upstream_streams))
         settings = RouterSettings(config.default_policy, config.lambda_per_micro_usd, config.horizon_factor,
                                   config.default_output_tokens,
                                   Limits(config.max_ttft_slo_ms, config.max_prompt_bytes, config.max_prompt_tokens),

@@ -1,5 +1,6 @@
-"""The predictor and the estimator as the router calls them: over one long-lived stream of calls each
-(`bear.common.call_streams`; unary calls where configured off, or where a server has no stream twin), carrying the
+"""The predictor and the estimator as the router calls them: over `streams` long-lived streams of calls each, taken
+in turn (`bear.common.call_streams`: with several replicas behind one name, each stream goes to the next; unary calls
+where configured off, or where a server has no stream twin), carrying the
 trace context, a deadline on every call, and every failure turned into `DependencyUnavailable` (the router then
 degrades)."""
 
@@ -11,6 +12,7 @@ from collections.abc import Sequence
 import grpc
 
 from bear.common.call_streams import CallFailed, CallStream, StreamedMethod
+from bear.common.channels import CLIENT_CHANNEL_OPTIONS
 from bear.common.service import client_interceptors
 from bear.router import wire
 from bear.router.decision import DispatchRecord
@@ -21,13 +23,7 @@ PREDICTOR = predictor_pb2.DESCRIPTOR.services_by_name["Predictor"].full_name
 ESTIMATOR = estimator_pb2.DESCRIPTOR.services_by_name["Estimator"].full_name
 RECENT_PROTOS = 256  # dispatches kept converted for the next Estimate calls (more than a call sends)
 
-# A dependency that comes back is found again within about a second (gRPC's default back-off grows to 2 minutes).
-CHANNEL_OPTIONS = (
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-    ("grpc.enable_retries", 0),
-)
+CHANNEL_OPTIONS = (*CLIENT_CHANNEL_OPTIONS, ("grpc.enable_retries", 0))
 
 
 class _Channels:
@@ -48,10 +44,11 @@ class _Channels:
 
 
 class GrpcPredictor:
-    def __init__(self, address: str, timeout_s: float, streamed: bool = True, traced: bool = True) -> None:
+    def __init__(self, address: str, timeout_s: float, streamed: bool = True, traced: bool = True,
+                 streams: int = 1) -> None:
         self._channels = _Channels(address, traced)
         stream = CallStream(self._channels.streams, f"/{PREDICTOR}/PredictStream", predictor_pb2.PredictCall,
-                            predictor_pb2.PredictResult, traced) if streamed else None
+                            predictor_pb2.PredictResult, traced, width=streams) if streamed else None
         self._predict = StreamedMethod(predictor_pb2_grpc.PredictorStub(self._channels.unary).Predict, stream)
         self._timeout_s = timeout_s
 
@@ -68,10 +65,11 @@ class GrpcPredictor:
 
 
 class GrpcEstimator:
-    def __init__(self, address: str, timeout_s: float, streamed: bool = True, traced: bool = True) -> None:
+    def __init__(self, address: str, timeout_s: float, streamed: bool = True, traced: bool = True,
+                 streams: int = 1) -> None:
         self._channels = _Channels(address, traced)
         stream = CallStream(self._channels.streams, f"/{ESTIMATOR}/EstimateStream", estimator_pb2.EstimateCall,
-                            estimator_pb2.EstimateResult, traced) if streamed else None
+                            estimator_pb2.EstimateResult, traced, width=streams) if streamed else None
         self._estimate = StreamedMethod(estimator_pb2_grpc.EstimatorStub(self._channels.unary).Estimate, stream)
         self._timeout_s = timeout_s
         self._recent = DispatchProtos()

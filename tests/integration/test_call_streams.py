@@ -1,6 +1,7 @@
 """Streams of calls (`bear.common.call_streams`) between a real grpc.aio server and client on loopback: results out
 of order, errors per call, deadlines, a server that dies or restarts, one without the stream twin (unary fallback),
-and a shutdown that ends open streams without waiting for the grace period.
+a shutdown that ends open streams without waiting for the grace period, streams retired by age without a call lost
+(a server's connections recycled too), and several streams spread over two replicas behind one name.
 
 The test service is the estimator's wire (EstimateCall / EstimateResult) with an answer steered by the query id:
 "sleep:S" answers after S seconds, "fail:CODE" fails with that status, "boom" raises; the answer names the query id.
@@ -26,6 +27,8 @@ from bear.common.call_streams import (
     answer_unary,
     not_a_call_stream,
 )
+from bear.common import service
+from bear.common.channels import CLIENT_CHANNEL_OPTIONS
 from bear.common.service import ServerSettings, start_server
 from bear.v1 import estimator_pb2, estimator_pb2_grpc
 from tests.service_loop import LoopThread
@@ -50,10 +53,15 @@ async def _answer(request: estimator_pb2.EstimateRequest) -> estimator_pb2.Estim
 
 class Servicer(estimator_pb2_grpc.EstimatorServicer):
     def __init__(self, streamed: bool = True) -> None:
-        self.streams = CallStreamServer(_answer, estimator_pb2.EstimateResult, METHOD)
+        self.streams = CallStreamServer(self._counted, estimator_pb2.EstimateResult, METHOD)
         self.streamed = streamed
         self.opened = 0  # streams of calls served
         self.unary_calls = 0
+        self.stream_calls = 0  # calls answered on its streams
+
+    async def _counted(self, request: estimator_pb2.EstimateRequest) -> estimator_pb2.EstimateResponse:
+        self.stream_calls += 1
+        return await _answer(request)
 
     async def Estimate(self, request: estimator_pb2.EstimateRequest,  # noqa: N802
                        context: grpc.aio.ServicerContext) -> estimator_pb2.EstimateResponse:
@@ -90,8 +98,9 @@ def _request(query_id: str) -> estimator_pb2.EstimateRequest:
     return estimator_pb2.EstimateRequest(query_id=query_id)
 
 
-def _stream(channel: grpc.aio.Channel, traced: bool = False) -> CallStream[Any, Any]:
-    return CallStream(channel, METHOD, estimator_pb2.EstimateCall, estimator_pb2.EstimateResult, traced=traced)
+def _stream(channel: grpc.aio.Channel, traced: bool = False, **options: Any) -> CallStream[Any, Any]:
+    return CallStream(channel, METHOD, estimator_pb2.EstimateCall, estimator_pb2.EstimateResult, traced=traced,
+                      **options)
 
 
 def _raw_stream(channel: grpc.aio.Channel) -> grpc.aio.StreamStreamCall:
@@ -481,3 +490,93 @@ def test_the_interceptor_filter_leaves_streams_of_calls_alone() -> None:
     assert not not_a_call_stream(Details(b"/bear.v1.Predictor/PredictStream"))
     assert not_a_call_stream(Details("/bear.v1.Estimator/Estimate"))
     assert not_a_call_stream(Details(b"/bear.v1.Router/Route"))
+
+
+async def _keep_calling(stream: CallStream[Any, Any], seconds: float, concurrency: int = 4) -> tuple[int, list[str]]:
+    """Calls of 20 ms each, `concurrency` at a time, for `seconds`: (calls answered, the failures)."""
+    answered, failures = 0, []
+    end = time.monotonic() + seconds
+
+    async def caller(n: int) -> None:
+        nonlocal answered
+        i = 0
+        while time.monotonic() < end:
+            i += 1
+            try:
+                await stream.call(_request(f"sleep:0.02#{n}-{i}"), timeout_s=2)
+                answered += 1
+            except CallFailed as error:
+                failures.append(f"{error.code.name}: {error.message}")
+
+    await asyncio.gather(*(caller(n) for n in range(concurrency)))
+    return answered, failures
+
+
+def test_a_stream_is_retired_by_age_and_no_call_fails_even_as_the_server_recycles_connections(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Connections recycled every 0.4 s with 1.5 s of grace (production: 120 s and 60 s): a stream that outlived the
+    # grace would be cut with its calls; retired after 0.3–0.4 s, each ends on its own once its calls are answered.
+    monkeypatch.setattr(service, "SERVER_OPTIONS", (("grpc.so_reuseport", 0), ("grpc.max_connection_age_ms", 400),
+                                                    ("grpc.max_connection_age_grace_ms", 1500)))
+
+    async def scenario() -> None:
+        server = await Server(Servicer()).start()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}", options=CLIENT_CHANNEL_OPTIONS) as channel:
+            stream = _stream(channel, max_age_s=0.4)
+            try:
+                answered, failures = await _keep_calling(stream, 3.0)
+            finally:
+                await stream.close()
+        await server.kill()
+        assert failures == [] and answered > 100
+        assert server.servicer.opened >= 6  # a new stream every 0.3–0.4 s
+        assert server.servicer.stream_calls == answered and server.servicer.unary_calls == 0
+
+    run(scenario)
+
+
+def test_several_streams_spread_the_calls_over_the_replicas_behind_one_name() -> None:
+    async def scenario() -> None:
+        servers = [await Server(Servicer()).start() for _ in range(2)]
+        target = "ipv4:" + ",".join(f"127.0.0.1:{server.port}" for server in servers)  # a name with two addresses
+        try:
+            async with grpc.aio.insecure_channel(target, options=CLIENT_CHANNEL_OPTIONS) as channel:
+                await spread_over(servers, channel)
+        finally:
+            for server in servers:
+                await server.kill()
+
+    async def spread_over(servers: list[Server], channel: grpc.aio.Channel) -> None:
+        stub = estimator_pb2_grpc.EstimatorStub(channel)
+        for _ in range(100):  # until both replicas are connected: unary calls go to each in turn
+            await stub.Estimate(_request("warm-up"), timeout=5)
+            if all(server.servicer.unary_calls for server in servers):
+                break
+        assert all(server.servicer.unary_calls for server in servers)
+        wide = _stream(channel, width=2)
+        narrow = _stream(channel, max_age_s=0.2)  # one stream at a time, to one replica and then the other
+        try:
+            # Within the first streams' age (0.8-1 s: FIRST_STREAM_AGE_S)
+            answered, failures = await _keep_calling(wide, 0.5)
+            calls = [server.servicer.stream_calls for server in servers]
+            assert failures == [] and [server.servicer.opened for server in servers] == [1, 1]
+            assert min(calls) >= 0.4 * answered  # taken in turn: half each
+            answered, failures = await _keep_calling(narrow, 1.5, concurrency=2)
+            assert failures == []
+            assert all(server.servicer.opened >= 3 for server in servers)
+        finally:
+            await wide.close()
+            await narrow.close()
+
+    run(scenario)
+
+
+def test_a_stream_client_refuses_a_width_or_an_age_it_cannot_use() -> None:
+    async def scenario() -> None:
+        async with grpc.aio.insecure_channel("127.0.0.1:1") as channel:
+            with pytest.raises(ValueError, match="width must be >= 1"):
+                _stream(channel, width=0)
+            with pytest.raises(ValueError, match="max_age_s must be > 0"):
+                _stream(channel, max_age_s=float("nan"))
+
+    run(scenario)

@@ -4,12 +4,17 @@ predictor (`bear serve estimator|predictor`, each its own process; the routers i
 loop). The pool (registrations, live snapshots) is published as in test_router_with_services, whose services and
 snapshotters this reuses. What a scaled deployment relies on: either router routes; a query one router routes is
 ahead of the next in the other's estimates once the estimators' dispatch poll has read it from Redis; either router
-knows the outcome of a query the other routed; one replica pair stopping leaves the other serving."""
+knows the outcome of a query the other routed; one replica pair stopping leaves the other serving; a router given
+both estimators behind one name (as a headless Service gives them) spreads its calls over both and keeps deciding
+by replay when one stops."""
 
 from __future__ import annotations
 
+import re
 import time
+import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -23,7 +28,7 @@ from bear.router.client import RouterClient, RouterUnavailable
 from bear.router.config import RouterConfig
 from bear.router.main import RunningRouter
 from bear.v1 import estimator_pb2, estimator_pb2_grpc, router_pb2, snapshot_pb2
-from tests.integration.test_router_with_services import MISSING, Backends
+from tests.integration.test_router_with_services import MISSING, Backends, Service
 from tests.router_fakes import THREE_INSTANCES, LoopThread
 from tests.router_stack import wait_until
 
@@ -67,7 +72,7 @@ class Replica:
 
 class ScaledDeployment:
     def __init__(self, tmp_path: Path) -> None:
-        self.backends = Backends(tmp_path, estimators=("estimator-a", "estimator-b"))
+        self.backends = Backends(tmp_path, estimators=("estimator-a", "estimator-b"), metrics=True)
         self.redis, self.snapshotters = self.backends.redis, self.backends.snapshotters
         self.estimator_a, self.estimator_b = self.backends.estimators
         self.router_a, self.router_b = (Replica(self.backends.router_config(estimator))
@@ -187,3 +192,47 @@ def test_stopping_one_replica_pair_leaves_the_other_serving(deployment: ScaledDe
         gone.route("Hello.", ttft_slo_ms=500.0)
     for k in range(5):
         assert_routed(deployment.router_b.client.route(f"Give {k + 2} tips for staying healthy.", ttft_slo_ms=1000.0))
+
+
+def replay_estimates(estimator: Service) -> float:
+    """The instance estimates `estimator` made by replay so far, from its /metrics."""
+    assert estimator.metrics_url is not None
+    with urllib.request.urlopen(estimator.metrics_url, timeout=5) as response:
+        scraped = response.read().decode()
+    found = re.search(r'^bear_estimator_estimates_total\{method="replay"\} (\S+)$', scraped, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_a_router_given_both_estimators_behind_one_name_spreads_its_calls_and_outlives_one(
+        deployment: ScaledDeployment) -> None:
+    """BEAR_ROUTER_UPSTREAM_STREAMS=2 and an address that resolves to both estimators (the chart's headless Service;
+    here gRPC's ipv4: resolver): the router's two streams of Estimate calls go one to each (round_robin)."""
+    estimators = (deployment.estimator_a, deployment.estimator_b)
+    both = "ipv4:" + ",".join(estimator.address for estimator in estimators)
+    router = Replica(replace(deployment.backends.router_config(deployment.estimator_a), estimator_address=both,
+                             upstream_streams=2))
+    try:
+        # A channel just opened may have one estimator connected: its first streams, both on that one, retire
+        # within a second, and the next go one to each.
+        start = [replay_estimates(estimator) for estimator in estimators]
+
+        def both_estimate() -> bool:
+            assert_routed(router.client.route("Warm up.", ttft_slo_ms=1000.0))
+            return all(replay_estimates(e) > n for e, n in zip(estimators, start, strict=True))
+
+        wait_until(both_estimate, timeout_s=5)
+        time.sleep(0.1)
+        before = [replay_estimates(estimator) for estimator in estimators]
+        for k in range(20):
+            assert_routed(router.client.route(f"Give {k + 2} tips for staying healthy.", ttft_slo_ms=1000.0))
+        made = [replay_estimates(estimator) - b for estimator, b in zip(estimators, before, strict=True)]
+        # Three instances a call, 20 calls in turn over the two streams, one to each estimator: 30 estimates each
+        # (give or take a call's, should a stream retire on the way).
+        assert all(n >= 24 for n in made) and sum(made) == 60, made
+
+        deployment.stop_replica_a()  # estimator A ends its streams and exits: new streams go to B
+        wait_until(lambda: not router.client.route("Hello again.", ttft_slo_ms=1000.0).degraded, timeout_s=5)
+        for k in range(10):
+            assert_routed(router.client.route(f"Name {k + 2} rivers.", ttft_slo_ms=1000.0))
+    finally:
+        router.stop()

@@ -52,7 +52,10 @@ class Service:
             self.stop()
             self.log.seek(0)
             raise AssertionError(f"bear serve {name} did not start: {self.log.read()[-3000:]}")
-        self.address = f"127.0.0.1:{line.split()[0].split('=')[1]}"
+        ports = dict(field.split("=") for field in line.split())
+        self.address = f"127.0.0.1:{ports['grpc_port']}"
+        # Its /metrics, when `args` ask for one (--metrics-port=0: the last flag given counts)
+        self.metrics_url = f"http://127.0.0.1:{ports['metrics_port']}/metrics" if ports["metrics_port"] else None
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -118,9 +121,10 @@ class Snapshotters:
 
 class Backends:
     """What the routers of a test call: a redis-server with the three instances registered and their snapshots
-    published, the predictor, and one estimator per name (`bear serve`, each its own process)."""
+    published, the predictor, and one estimator per name (`bear serve`, each its own process; with `metrics`, each
+    with a /metrics on a free port)."""
 
-    def __init__(self, tmp_path: Path, estimators: tuple[str, ...]) -> None:
+    def __init__(self, tmp_path: Path, estimators: tuple[str, ...], metrics: bool = False) -> None:
         from tests.predictor_builders import trained_artifact
 
         model_dir = tmp_path / "predictor"
@@ -132,7 +136,8 @@ class Backends:
         self.snapshotters = Snapshotters(self.redis)
         self.predictor = Service("predictor", [f"--model-dir={model_dir}"], tmp_path / "predictor.log")
         self.estimators = [Service("estimator", [f"--redis-url={self.redis_server.url}",
-                                                 f"--predictor-model-dir={model_dir}"], tmp_path / f"{name}.log")
+                                                 f"--predictor-model-dir={model_dir}",
+                                                 *(["--metrics-port=0"] if metrics else [])], tmp_path / f"{name}.log")
                            for name in estimators]
 
     def router_config(self, estimator: Service) -> RouterConfig:

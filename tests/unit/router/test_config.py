@@ -36,6 +36,14 @@ def test_call_streams_switch(value: str, streams: bool) -> None:
     assert load({"BEAR_ROUTER_CALL_STREAMS": value or None}, environ={}).call_streams is streams  # --call-streams
 
 
+def test_upstream_streams_from_the_environment_or_the_file(tmp_path: Path) -> None:
+    assert load({}, environ={}).upstream_streams == 1
+    assert load({}, environ={"BEAR_ROUTER_UPSTREAM_STREAMS": " 12 "}).upstream_streams == 12
+    file = tmp_path / "router.yaml"
+    file.write_text("router_upstream_streams: 3\n")
+    assert load({}, str(file), environ={}).upstream_streams == 3
+
+
 @pytest.mark.parametrize(("value", "services"), [
     ("", set()), ("none", set()), ("predictor", {"predictor"}), (" Estimator ", {"estimator"}),
     ("predictor, estimator", {"predictor", "estimator"}), ("estimator,predictor,", {"predictor", "estimator"})])
@@ -71,6 +79,13 @@ def test_policy_parameters_are_json() -> None:
 
 @pytest.mark.parametrize(("environ", "message"), [
     ({"BEAR_ROUTER_GRPC_PORT": "x"}, "BEAR_ROUTER_GRPC_PORT must be an integer"),
+    ({"BEAR_ROUTER_ESTIMATOR_TIMEOUT_MS": "-1"}, "BEAR_ROUTER_ESTIMATOR_TIMEOUT_MS must be > 0, got -1.0"),
+    ({"BEAR_ROUTER_REFRESH_S": "1e300"}, r"BEAR_ROUTER_REFRESH_S must be at most 86400 \(a day\), got 1e\+300"),
+    ({"BEAR_ROUTER_FORGET_AFTER_S": "86401"}, "BEAR_ROUTER_FORGET_AFTER_S must be at most 86400"),
+    ({"BEAR_ROUTER_FALLBACK_SNAPSHOT_AGE_S": "1e9"}, "BEAR_ROUTER_FALLBACK_SNAPSHOT_AGE_S must be at most 86400"),
+    ({"BEAR_ROUTER_UPSTREAM_STREAMS": "0"}, r"BEAR_ROUTER_UPSTREAM_STREAMS must be in \[1, 64\], got 0"),
+    ({"BEAR_ROUTER_UPSTREAM_STREAMS": "65"}, r"BEAR_ROUTER_UPSTREAM_STREAMS must be in \[1, 64\], got 65"),
+    ({"BEAR_ROUTER_UPSTREAM_STREAMS": "2.5"}, "BEAR_ROUTER_UPSTREAM_STREAMS must be an integer"),
     ({"BEAR_ROUTER_GRPC_PORT": "70000"}, "BEAR_ROUTER_GRPC_PORT must be a port number"),
     ({"BEAR_ROUTER_PREDICTOR_TIMEOUT_MS": "0"}, "BEAR_ROUTER_PREDICTOR_TIMEOUT_MS must be > 0"),
     ({"BEAR_ROUTER_ESTIMATOR_TIMEOUT_MS": "1e13"}, "BEAR_ROUTER_ESTIMATOR_TIMEOUT_MS must be at most 60000"),
