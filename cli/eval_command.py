@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TypeVar
+
+from bear.cli.writable import make_folder, remove_made, write_problem
 
 T = TypeVar("T")
 
@@ -24,12 +25,16 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("mode", choices=("quick", "full"))
     parser.add_argument("--out", required=True, help="output folder (created; checked before the run)")
+    parser.add_argument("--force", action="store_true",
+                        help="write into --out even if it holds an earlier run's results (they are replaced)")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    problem = _out_problem(args.out)
+    made: list[Path] = []
+    problem = _out_problem(args.out, args.force, made)
     if problem:
+        remove_made(made)
         print(f"bear eval: --out {args.out!r}: {problem}", file=sys.stderr)
         return 2
     from bear.evaluation import runs  # heavy: only when the command runs
@@ -40,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         summary = (runs.quick if args.mode == "quick" else runs.full)(Path(args.out), _progress, say)
     except OSError as error:
+        remove_made(made)
         print(f"bear eval: --out {args.out}: {error.strerror or error}", file=sys.stderr)
         return 2
     print(json.dumps({k: summary[k] for k in ("saturation_qps", "ttft_mape", "batch_time_mape", "bear_gain")}))
@@ -47,23 +53,28 @@ def run(args: argparse.Namespace) -> int:
 
 
 _RESULT_SUFFIXES = (".json", ".md", ".csv", ".png")
+SUMMARY = "summary.json"  # a run's, written at its end (bear.evaluation.runs)
 
 
-def _out_problem(out: str) -> str | None:
+def _out_problem(out: str, force: bool, made: list[Path]) -> str | None:
     """Why the results could not be written into `out` at the end of a run (minutes to an hour away), or None; the
-    folder exists from here on. A file is written and removed to find out: permissions alone do not tell (a
-    read-only or special file system)."""
+    folder exists from here on (those of its folders that were made are added to `made`). A folder that holds an
+    earlier run's results is refused unless `force` (QA: a second run wrote over the first's without a word)."""
     if not out.strip():
         return "empty: name the output folder"
     folder = Path(out)
     try:
         if folder.exists() and not folder.is_dir():
             return "exists and is not a folder"
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".bear-eval-", suffix=".probe"):
-            pass
+        if not force and (folder / SUMMARY).is_file():
+            return (f"holds the results of an earlier run ({SUMMARY}): pass --force to write over them, or name "
+                    "another folder")
+        made += make_folder(folder)
     except OSError as error:
         return f"cannot write there: {error.strerror or error}"
+    problem = write_problem(folder)  # permissions alone do not tell (root; a read-only or special file system)
+    if problem is not None:
+        return f"cannot write there: {problem}"
     blocked = sorted(entry.name for entry in folder.iterdir()
                      if entry.suffix in _RESULT_SUFFIXES and entry.is_dir() and not entry.is_symlink())
     if blocked:  # a result file goes there (summary.json, figN.csv, ...)

@@ -57,7 +57,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     predict_parser = actions.add_parser("predict", help="accuracy, output tokens and cost of one prompt per model")
     predict_parser.add_argument("--model-dir", type=_path, required=True)
     prompt = predict_parser.add_mutually_exclusive_group(required=True)
-    prompt.add_argument("--prompt", help="the prompt text")
+    prompt.add_argument("--prompt", type=_prompt_text, help="the prompt text")
     prompt.add_argument("--prompt-file", type=_path, help="a file holding the prompt")
     predict_parser.add_argument("--models", help="comma-separated model names (default: all)")
     predict_parser.add_argument("--generated-tokens", type=int_in(0, MAX_TOKENS - 1), metavar="G",
@@ -147,9 +147,9 @@ def _synth(args: argparse.Namespace) -> int:
     from bear.predictor.synthetic_corpus import SOURCE, TABLE2_MEAN_SCORE, generate
 
     def work() -> dict[str, Any]:
-        check_table_path(args.out, "--out")  # before the table is built, not after
         if args.out.is_dir():
             raise _Usage(f"--out: {args.out} is a folder, not a file")
+        check_table_path(args.out, "--out")  # before the table is built, not after
         if args.out.exists() and not args.force:  # it may be someone's real evaluations
             raise _Usage(f"--out: {args.out} exists (use --force to replace it with the synthetic table)")
         corpus = generate(args.rows, args.seed, _progress)
@@ -211,10 +211,23 @@ def _read_prompt(path: Path) -> str:
 
 
 def _path(text: str) -> Path:
-    """An argparse type: a path, not empty (Path("") would be the current folder)."""
+    """An argparse type: a path, not empty (Path("") would be the current folder) or blank (QA: `--out " "` made a
+    folder named " ", and `--model-dir " "` loaded it)."""
     if not text:
         raise argparse.ArgumentTypeError("must be a path, got an empty string")
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must be a path, got only white space ({text!r})")
     return Path(text)
+
+
+def _prompt_text(text: str) -> str:
+    """An argparse type: the prompt, UTF-8 text as --prompt-file's must be (QA: a byte that is not, taken from the
+    command line as a lone surrogate, was accepted here and refused there)."""
+    from bear.common.config_sources import is_utf8
+
+    if not is_utf8(text):
+        raise argparse.ArgumentTypeError("not UTF-8 text (it holds a byte that is not)")
+    return text
 
 
 def _progress(items: Iterable[T], description: str, total: int) -> Iterable[T]:

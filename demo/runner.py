@@ -49,6 +49,7 @@ DEMO_OWN_VARIABLES = ("BEAR_CACHE_DIR", "BEAR_DEMO_POOL_LOG")  # read by the dem
 CLAIM_TTL_S = 15.0  # --redis-url: the demo's claim on the database lives this long unless refreshed (every third)
 POOL_CHECK_S = 0.5  # how often the run checks that the simulated pool's process is alive
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # end the run as Ctrl-C does: the services and the pool stop first
+LOCK_FILE = ".bear-demo.lock"  # in the run folder, held while a demo runs there
 T = TypeVar("T")
 
 # TTFT targets × at most this: Appendix A.2's longest (1.12 s) stays well inside the router's limit on a target
@@ -138,8 +139,17 @@ def _run(config: DemoConfig, runner: asyncio.Runner, stops: _StopSignals | None,
         return _run_in(folder, config, runner, stops, out, status)
     finally:
         if config.run_folder is None:
-            with contextlib.suppress(OSError):
-                folder.rmdir()  # a run that failed before writing anything leaves no empty folder behind (logs stay)
+            remove_unused_run_folder(folder)
+
+
+def remove_unused_run_folder(folder: Path) -> None:
+    """Removes a run folder that holds nothing but its lock (a run that failed before writing anything leaves no
+    empty folder behind; logs stay, and the folder with them). Only for a folder this run made: another demo may be
+    about to take the lock of one it did not."""
+    with contextlib.suppress(OSError):
+        if [entry.name for entry in folder.iterdir()] == [LOCK_FILE]:
+            (folder / LOCK_FILE).unlink()
+        folder.rmdir()
 
 
 def _run_in(folder: Path, config: DemoConfig, runner: asyncio.Runner, stops: _StopSignals | None, out: TextIO,
@@ -277,7 +287,7 @@ def _folder_of_its_own(folder: Path) -> Iterator[None]:
     same instances and mix each other's queries and logs."""
     import fcntl
 
-    with open(folder / ".bear-demo.lock", "a+") as lock:
+    with open(folder / LOCK_FILE, "a+") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -8,7 +8,7 @@ without BEAR_, in lower case):
     BEAR_PREDICTOR_HOST                  listen address (default [::])                               --host
     BEAR_PREDICTOR_GRPC_PORT             gRPC port, 0 for any free one (default 50053)               --grpc-port
     BEAR_PREDICTOR_METRICS_PORT          Prometheus /metrics port, 0 for any, off for none (9464)    --metrics-port
-    BEAR_PREDICTOR_WORKERS               threads that run Predict (tokenising, LightGBM; default 4)
+    BEAR_PREDICTOR_WORKERS               threads that run Predict (tokenising, LightGBM; default 4, at most 1024)
     BEAR_PREDICTOR_MAX_PROMPT_CHARS      longer prompts are INVALID_ARGUMENT (default 1,000,000, at most 64 Mi)
     BEAR_PREDICTOR_MAX_REMAINING_QUERIES most queries in one ExpectedRemaining call (default 100,000)
     BEAR_SHUTDOWN_GRACE_S                calls in flight may finish this long after SIGTERM (default 5)
@@ -24,6 +24,9 @@ from bear.common.config_sources import (env_float, env_int, env_optional_port, l
                                         shutdown_grace_problem)
 
 MAX_PROMPT_CHARS_LIMIT = 64 * 1024 * 1024
+# BEAR_PREDICTOR_WORKERS at most: each is a thread with its own stack; far more than any machine has cores, far fewer
+# than would exhaust its memory or thread limit (QA: 100,000,000 was taken)
+MAX_WORKERS = 1024
 ENVIRONMENT = (
     "BEAR_PREDICTOR_MODEL_DIR", "BEAR_PREDICTOR_HOST", "BEAR_PREDICTOR_GRPC_PORT", "BEAR_PREDICTOR_METRICS_PORT",
     "BEAR_PREDICTOR_WORKERS", "BEAR_PREDICTOR_MAX_PROMPT_CHARS", "BEAR_PREDICTOR_MAX_REMAINING_QUERIES",
@@ -53,7 +56,8 @@ class PredictorServiceConfig:
         for problem in (port_problem("BEAR_PREDICTOR_GRPC_PORT", self.grpc_port),
                         port_problem("BEAR_PREDICTOR_METRICS_PORT", self.metrics_port, off_allowed=True)):
             _require(problem is None, problem or "")
-        _require(self.workers >= 1, "BEAR_PREDICTOR_WORKERS must be >= 1")
+        _require(1 <= self.workers <= MAX_WORKERS,
+                 f"BEAR_PREDICTOR_WORKERS must be in [1, {MAX_WORKERS}] (threads), got {self.workers}")
         _require(1 <= self.max_prompt_chars <= MAX_PROMPT_CHARS_LIMIT,
                  f"BEAR_PREDICTOR_MAX_PROMPT_CHARS must be in [1, {MAX_PROMPT_CHARS_LIMIT}] "
                  "(gRPC's messages stay under 2 GiB)")

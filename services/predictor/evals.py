@@ -189,7 +189,7 @@ def _jsonl_columns(path: Path) -> dict[str, list[Any]]:
 def _format(path: Path, what: str = "evals") -> str:
     kind = FORMATS.get(path.suffix.lower())
     if kind is None:
-        raise EvalsError(f"{what}: {path.name}: unknown format; use one of {', '.join(FORMATS)}")
+        raise EvalsError(f"{what}: {path}: unknown format; use one of {', '.join(FORMATS)}")
     return kind
 
 

@@ -49,7 +49,7 @@ def test_synth_of_a_few_rows_warns_nothing_and_a_bad_out_is_refused_before_the_w
     tiny = _bear("synth", "--rows", "4", "--seed", "1", "--out", str(tmp_path / "tiny.parquet"))
     assert _json(tiny)["rows"] == 4 and "Warning" not in tiny.stderr  # not a prompt of every task
     refused = _bear("synth", "--rows", "200000", "--seed", "1", "--out", str(tmp_path / "evals.txt"))
-    assert refused.returncode == 2 and "--out: evals.txt: unknown format" in refused.stderr
+    assert refused.returncode == 2 and f"--out: {tmp_path / 'evals.txt'}: unknown format" in refused.stderr
     assert not (tmp_path / "evals.txt").exists()
     refused = _bear("synth", "--rows", "200000", "--seed", "1", "--out", str(tmp_path / "missing" / "evals.parquet"))
     assert refused.returncode == 2 and "the folder" in refused.stderr and "does not exist" in refused.stderr

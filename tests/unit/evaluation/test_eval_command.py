@@ -29,8 +29,10 @@ def test_a_missing_folder_is_created_and_left_empty(tmp_path: Path) -> None:
     from bear.cli.eval_command import _out_problem
 
     out = tmp_path / "a" / "b"
-    assert _out_problem(str(out)) is None
+    made: list[Path] = []
+    assert _out_problem(str(out), False, made) is None
     assert out.is_dir() and list(out.iterdir()) == []
+    assert made == [tmp_path / "a", out]  # removed should the run fail
 
 
 def test_a_folder_where_a_result_file_goes_is_refused_at_once(tmp_path: Path) -> None:
@@ -40,3 +42,17 @@ def test_a_folder_where_a_result_file_goes_is_refused_at_once(tmp_path: Path) ->
     done = subprocess.run([BEAR, "eval", "quick", "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "summary.json in it is a folder" in done.stderr, done.stderr
     assert "building the setting" not in done.stderr
+
+
+def test_a_folder_holding_an_earlier_runs_results_is_refused_unless_forced(tmp_path: Path) -> None:
+    """(QA: a second run wrote over the first one's results without a word.)"""
+    from bear.cli.eval_command import _out_problem
+
+    (tmp_path / "summary.json").write_text('{"saturation_qps": 35}\n')
+    done = subprocess.run([BEAR, "eval", "quick", "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (f"bear eval: --out {str(tmp_path)!r}: holds the results of an earlier run (summary.json): "
+                           "pass --force to write over them, or name another folder\n")
+    assert (tmp_path / "summary.json").read_text() == '{"saturation_qps": 35}\n'
+    assert _out_problem(str(tmp_path), True, []) is None  # --force
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]

@@ -133,3 +133,50 @@ def test_a_prompt_file_is_read_no_further_than_the_longest_prompt(tmp_path: Path
     (tmp_path / "p.txt").write_text("é" * 1001)
     with pytest.raises(ValueError, match="prompt-file: .*p.txt holds more than 1000 characters"):
         predictor_command._read_prompt(tmp_path / "p.txt")
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "--evals", "e.csv", "--out", " "],
+    ["predict", "--model-dir", " \t", "--prompt", "hi"],
+    ["evaluate", "--model-dir", "m", "--evals", "  "],
+])
+def test_a_blank_path_is_refused_naming_the_option(argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """(QA: `train --out " "` made a folder named " ", and `predict --model-dir " "` loaded it.)"""
+    monkeypatch.chdir(tmp_path)
+    blank = next(a for a in argv if a and not a.strip())
+    option = argv[argv.index(blank) - 1]
+    with pytest.raises(SystemExit) as exited:
+        main(["predictor", *argv])
+    assert exited.value.code == 2
+    assert f"error: argument {option}: must be a path, got only white space" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_prompt_that_is_not_utf8_is_refused_as_from_a_file(saved: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """(QA: `--prompt $'\\xff\\xfe'` was taken, as lone surrogates, where `--prompt-file` refused the same bytes.)"""
+    undecodable = b"\xff\xfe".decode("utf-8", "surrogateescape")  # how Python passes those bytes of argv on
+    with pytest.raises(SystemExit) as exited:
+        main(["predictor", "predict", "--model-dir", str(saved), "--prompt", undecodable])
+    assert exited.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "error: argument --prompt: not UTF-8 text" in err
+    (tmp_path / "prompt.txt").write_bytes(b"\xff\xfe")
+    err = _bad_input(["predict", "--model-dir", str(saved), "--prompt-file", str(tmp_path / "prompt.txt")], capsys)
+    assert "prompt-file: cannot read" in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["synth", "--rows", "3", "--seed", "1", "--out", "{folder}"],
+    ["train", "--evals", "{folder}", "--out", "{folder}/model"],
+    ["train", "--evals", "{folder}/evals.txt", "--out", "{folder}/model"],
+])
+def test_a_path_of_no_table_format_is_named_whole(argv: list[str], tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """(QA: `synth --out /tmp` and `train --evals /tmp` said "tmp: unknown format", the last part of the path only.)"""
+    folder = tmp_path / "tables"
+    folder.mkdir()
+    err = _bad_input([a.format(folder=folder) for a in argv], capsys)
+    named = argv[-3].format(folder=folder) if argv[0] == "train" else str(folder)
+    assert f": {named}" in err and (" unknown format" in err or "is a folder, not a file" in err), err

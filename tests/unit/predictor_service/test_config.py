@@ -30,7 +30,8 @@ def test_flags_override_the_environment_which_overrides_the_file(tmp_path: Path)
 
 
 @pytest.mark.parametrize(("environ", "message"), [
-    ({"BEAR_PREDICTOR_WORKERS": "0"}, "BEAR_PREDICTOR_WORKERS must be >= 1"),
+    ({"BEAR_PREDICTOR_WORKERS": "0"}, r"BEAR_PREDICTOR_WORKERS must be in \[1, 1024\] \(threads\), got 0"),
+    ({"BEAR_PREDICTOR_WORKERS": "100000000"}, r"BEAR_PREDICTOR_WORKERS must be in \[1, 1024\]"),  # (QA: taken)
     ({"BEAR_PREDICTOR_MAX_PROMPT_CHARS": "-1"}, r"BEAR_PREDICTOR_MAX_PROMPT_CHARS must be in \[1, 67108864\]"),
     ({"BEAR_PREDICTOR_MAX_PROMPT_CHARS": "1000000000"}, "BEAR_PREDICTOR_MAX_PROMPT_CHARS must be in"),
     ({"BEAR_PREDICTOR_GRPC_PORT": "x"}, "BEAR_PREDICTOR_GRPC_PORT must be an integer"),
@@ -38,3 +39,7 @@ def test_flags_override_the_environment_which_overrides_the_file(tmp_path: Path)
 def test_bad_settings_are_named(environ: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         load({}, None, {"BEAR_PREDICTOR_MODEL_DIR": "/a", **environ})
+
+
+def test_the_most_workers_are_taken() -> None:
+    assert load({}, None, {"BEAR_PREDICTOR_MODEL_DIR": "/a", "BEAR_PREDICTOR_WORKERS": "1024"}).workers == 1024
