@@ -101,7 +101,7 @@ GOOD_CASES: dict[str, tuple[list[str], dict[str, Any]]] = {
                                               _pool(name="own-tag", image={"tag": "0.2.0-rc1"})]}),
     "pipeline-parallel": ([], {"vllm": {"extraArgs": ["--pipeline-parallel-size", "2"]}, "pools": [
         _pool(name="a", gpusPerReplica=8, tensorParallelSize=4), _pool(name="b", gpusPerReplica=2),
-        _pool(name="cpu", gpusPerReplica=0)]}),
+        _pool(name="cpu", gpusPerReplica=0, asyncScheduling=False)]}),
     "pipeline-parallel-short-flag": ([], {"vllm": {"extraArgs": ["-pp=4"]}, "pools": [
         _pool(name="a", gpusPerReplica=8, tensorParallelSize=2)]}),
     # --host: the chart leaves the listen address to the services (QA: refused as "a flag the chart sets")
@@ -157,7 +157,7 @@ GOOD_CASES: dict[str, tuple[list[str], dict[str, Any]]] = {
         "router": {"replicas": 1_000_000, "podDisruptionBudget": {"enabled": True, "maxUnavailable": 1_000_000}},
         "estimator": {"autoscaling": {"enabled": True, "minReplicas": 1_000_000, "maxReplicas": 2_000_000}},
         "redis": {"persistence": {"enabled": True, "size": 10_737_418_240}},
-        "pools": [_pool(replicas=1_000_000, gpusPerReplica=0,
+        "pools": [_pool(replicas=1_000_000, gpusPerReplica=0, asyncScheduling=False,
                         engine={"maxNumBatchedTokens": 10_000_000, "maxNumSeqs": 1_000_000,
                                 "maxModelLen": 10_000_000})]}),
     "snapshot-settings-through-env-at-their-bounds": ([], {
@@ -182,6 +182,40 @@ GOOD_CASES: dict[str, tuple[list[str], dict[str, Any]]] = {
                               "vllm": {"livenessProbe": None, "cacheVolume": None, "snapshotter": {"resources": None}},
                               "otel": {"endpoint": None},
                               "pools": [_pool(engine={"maxNumSeqs": None, "blockSize": None, "maxModelLen": None})]}),
+    # (QA: Kubernetes expands $(VAR) and turns $$ into $ in env values and args: a Redis password with $$ arrived
+    # with one $, a model path with $(X) lost it)
+    "dollars-in-user-text": ([], {
+        "redis": {"enabled": False, "url": "redis://:pa$$w0rd@host:6379/0"},
+        "otel": {"endpoint": "http://collector:4318/tenant$(T)", "protocol": "http/protobuf",
+                 "resourceAttributes": "team=a$$b,cost=$(C)"},
+        "pools": [_pool(model="org/m$(X)"), _pool(name="q", model="org/q", servedModelName="q$$1")],
+        "vllm": {"extraArgs": ["--chat-template=/t/$(T).jinja"], "env": [{"name": "TOKEN_FILE", "value": "$(HOME)/t"}]},
+        "estimator": {"extraArgs": ["--config", "/etc/bear/$$.yaml"]},
+        "predictor": {"artifact": {"image": {"path": "/opt/$(P)"}}}}),
+    # (QA: one pool's pipeline parallelism went to every pool through vllm.extraArgs; a CPU pool took the
+    # asynchronous plugin)
+    "per-pool-vllm-settings": ([], {
+        "vllm": {"extraArgs": ["--enable-prefix-caching"],
+                 "env": [{"name": "VLLM_LOGGING_LEVEL", "value": "INFO"},
+                         {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]},
+        "pools": [_pool(name="big", model="meta-llama/Llama-3.1-405B-Instruct-FP8", gpusPerReplica=16,
+                        tensorParallelSize=8, extraArgs=["--pipeline-parallel-size", "2", "--kv-cache-dtype=fp8"],
+                        env=[{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"},
+                             {"name": "NCCL_DEBUG", "value": "WARN"}]),
+                  _pool(name="small", model="Qwen/Qwen3-8B", asyncScheduling=False, extraArgs=[], env=[]),
+                  _pool(name="cpu", model="Qwen/Qwen3-0.6B", gpusPerReplica=0, asyncScheduling=False,
+                        image={"repository": "ghcr.io/bear-router/vllm-bear-cpu"},
+                        engine={"blockSize": None, "gpuMemoryUtilization": None})]}),
+    "pool-asynchronous-over-a-synchronous-chart": ([], {"vllm": {"asyncScheduling": False}, "pools": [
+        _pool(name="gpu", asyncScheduling=True), _pool(name="inherits", asyncScheduling=None),
+        _pool(name="cpu", gpusPerReplica=0)]}),
+    # the same last path component, told apart by servedModelName; the same model in two pools is one model
+    "served-model-names-told-apart": ([], {"pools": [
+        _pool(name="a", model="org-one/llama-3-8b", servedModelName="llama-3-8b-one"),
+        _pool(name="b", model="org-two/llama-3-8b"), _pool(name="c", model="org-two/llama-3-8b/")]}),
+    "estimator-scaled-to-zero": ([], {"estimator": {"replicas": 0}}),
+    "estimator-autoscaled-past-the-stream-cap": ([], {"estimator": {"replicas": 3, "autoscaling": {
+        "enabled": True, "minReplicas": 3, "maxReplicas": 40}}}),
 }
 # name → (release, namespace) where a case needs its own (others use RELEASE and NAMESPACE)
 RELEASE_AND_NAMESPACE = {"names-that-look-like-scalars": ("123", "2024"),
@@ -297,6 +331,10 @@ SCHEMA_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
                                                         "/redis/url"),
     "autoscaling-min-replicas-null": ({"estimator": {"autoscaling": {"enabled": True, "minReplicas": None}}},
                                       "'/estimator/autoscaling': missing property 'minReplicas'"),
+    "pool-async-scheduling-a-string": ({"pools": [_pool(asyncScheduling="yes")]}, "/pools/0/asyncScheduling"),
+    "pool-extra-args-a-number": ({"pools": [_pool(extraArgs=["--max-loras", 4])]}, "/pools/0/extraArgs/1"),
+    "pool-env-value-a-number": ({"pools": [_pool(env=[{"name": "OMP_NUM_THREADS", "value": 8}])]},
+                                "'/pools/0/env/0/value': got number, want string"),
 }
 # How Helm's render reports a schema refusal. The driver's check before it validates the values merged with the
 # chart's defaults, where a key set to null is present again; the render's check sees it dropped.
@@ -471,6 +509,77 @@ TEMPLATE_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
     "batch-budget-below-max-num-seqs": ({"pools": [_pool(engine={"maxNumBatchedTokens": 256, "maxNumSeqs": 1024})]},
                                         "pools[p]: engine.maxNumBatchedTokens (256) is below engine.maxNumSeqs (1024): "
                                         "vLLM refuses to start"),
+    # (QA: two models named alike by their last path component: one name for BEAR and the clients)
+    "served-model-names-derived-alike": (
+        {"pools": [_pool(name="a", model="org-one/llama-3-8b"), _pool(name="b", model="org-two/llama-3-8b")]},
+        'pools[a] and pools[b] serve different models (org-one/llama-3-8b, org-two/llama-3-8b) by one name, '
+        '"llama-3-8b", derived from a model\'s last path component (servedModelName unset): BEAR and its clients know '
+        'a model by its name alone and would take the two for one; set servedModelName'),
+    "served-model-name-derived-like-anothers-given-one": (
+        {"pools": [_pool(name="a", model="org/llama"), _pool(name="b", model="org/other", servedModelName="llama")]},
+        'pools[a] and pools[b] serve different models (org/llama, org/other) by one name, "llama"'),
+    # (QA: a port given in env was overridden by the flag the chart passes, the Service and probes kept the chart's)
+    "router-grpc-port-in-env": ({"router": {"env": [{"name": "BEAR_ROUTER_GRPC_PORT", "value": "7000"}]}},
+                                "router.env: BEAR_ROUTER_GRPC_PORT would be overridden by --grpc-port, which the "
+                                "chart passes from router.grpcPort"),
+    "estimator-metrics-port-in-env": ({"estimator": {"env": [{"name": "BEAR_ESTIMATOR_METRICS_PORT",
+                                                              "value": "9000"}]}},
+                                      "estimator.env: BEAR_ESTIMATOR_METRICS_PORT would be overridden by "
+                                      "--metrics-port, which the chart passes from metrics.port"),
+    "predictor-grpc-port-in-env": ({"predictor": {"env": [{"name": "BEAR_PREDICTOR_GRPC_PORT", "value": "7001"}]}},
+                                   "predictor.env: BEAR_PREDICTOR_GRPC_PORT would be overridden"),
+    "snapshotter-grpc-port-in-env": ({"vllm": {"snapshotter": {"env": [{"name": "BEAR_SNAPSHOTTER_GRPC_PORT",
+                                                                        "value": "6000"}]}}},
+                                     "vllm.snapshotter.env: BEAR_SNAPSHOTTER_GRPC_PORT would be overridden by "
+                                     "--grpc-port, which the chart passes from vllm.snapshotter.grpcPort"),
+    "snapshotter-metrics-port-in-env": ({"vllm": {"snapshotter": {"env": [{"name": "BEAR_SNAPSHOTTER_METRICS_PORT",
+                                                                           "value": "off"}]}}},
+                                        "BEAR_SNAPSHOTTER_METRICS_PORT would be overridden by --metrics-port, which "
+                                        "the chart passes from metrics.snapshotterPort"),
+    # per pool: its extraArgs after vllm.extraArgs, its env over vllm.env, its asyncScheduling over vllm's
+    "pool-extra-args-short-of-gpus": ({"pools": [_pool(extraArgs=["-pp", "2"])]},
+                                      "pools[p]: gpusPerReplica (1) is not tensorParallelSize (1) x the "
+                                      "pipeline-parallel size (2) x the prefill-context-parallel size (1) of "
+                                      "vllm.extraArgs and pools[p].extraArgs: vLLM would need 2 GPUs"),
+    "pool-extra-args-undoing-the-pipeline-of-vllm-extra-args": (
+        {"vllm": {"extraArgs": ["-pp=2"]}, "pools": [_pool(extraArgs=["-pp=1"]), _pool(name="q")]},
+        "pools[q]: gpusPerReplica (1) is not tensorParallelSize (1) x the pipeline-parallel size (2)"),
+    # (QA: the pipeline parallelism of one pool, given in vllm.extraArgs, reached the others)
+    "pipeline-parallel-of-one-pool-in-vllm-extra-args": (
+        {"vllm": {"extraArgs": ["--pipeline-parallel-size", "2"]},
+         "pools": [_pool(name="big", gpusPerReplica=16, tensorParallelSize=8), _pool(name="small")]},
+        "pools[small]: gpusPerReplica (1) is not tensorParallelSize (1) x the pipeline-parallel size (2) x the "
+        "prefill-context-parallel size (1) of vllm.extraArgs: vLLM would need 2 GPUs, more than each pod has, and fail "
+        "to start (vllm.extraArgs reaches every pool: a size meant for some pools goes in their own extraArgs)"),
+    "pool-extra-args-served-model-name": ({"pools": [_pool(extraArgs=["--served-model-name=x"])]},
+                                          "pools[p].extraArgs: --served-model-name=x is a flag the chart sets"),
+    "pool-extra-args-async-scheduling": ({"pools": [_pool(extraArgs=["--async-scheduling"])]},
+                                         "pools[p].extraArgs: --async-scheduling is a flag the chart sets"),
+    "pool-extra-args-data-parallel": ({"pools": [_pool(extraArgs=["-dp", "2"])]},
+                                      "pools[p].extraArgs: -dp: BEAR's snapshotter observes data-parallel rank 0"),
+    "pool-extra-args-flag-and-value-in-one-item": ({"pools": [_pool(extraArgs=["--max-loras 4"])]},
+                                                   'pools[p].extraArgs: "--max-loras 4" is a flag and its value'),
+    "pool-env-snapshot-region": ({"pools": [_pool(env=[{"name": "BEAR_SNAPSHOT_REGION", "value": "x"}])]},
+                                 "pools[p].env: BEAR_SNAPSHOT_REGION would name the shared-memory region of one "
+                                 "container only"),
+    "pool-env-given-twice": ({"pools": [_pool(env=[{"name": "A", "value": "1"}, {"name": "A", "value": "2"}])]},
+                             "pools[p].env: A is given twice"),
+    "cpu-pool-with-async-scheduling": ({"pools": [_pool(gpusPerReplica=0)]},
+                                       "pools[p]: gpusPerReplica is 0 and asyncScheduling is on (vllm.asyncScheduling):"
+                                       " vLLM's CPU platform turns async scheduling off, while the chart would run "
+                                       "BEAR's asynchronous scheduler; set asyncScheduling: false for this pool"),
+    "cpu-pool-with-its-own-async-scheduling": ({"vllm": {"asyncScheduling": False},
+                                                "pools": [_pool(gpusPerReplica=0, asyncScheduling=True)]},
+                                               "gpusPerReplica is 0 and asyncScheduling is on (pools[p]"),
+    # (QA: the exporter appends /v1/traces itself: spans went to /v1/traces/v1/traces)
+    "otel-http-endpoint-with-the-traces-path": ({"otel": {"endpoint": "http://collector:4318/v1/traces",
+                                                          "protocol": "http/protobuf"}},
+                                                "otel.endpoint (http://collector:4318/v1/traces) ends in /v1/traces, "
+                                                "which the exporter appends itself with protocol http/protobuf"),
+    "otel-http-endpoint-with-the-traces-path-and-a-slash": ({"otel": {"endpoint": "https://c.obs/v1/traces/",
+                                                                      "protocol": "http/protobuf"}},
+                                                            "otel.endpoint (https://c.obs/v1/traces/) ends in "
+                                                            "/v1/traces"),
 }
 
 
@@ -547,6 +656,32 @@ def env(c: dict[str, Any]) -> dict[str, Any]:
 
 def flag(args: list[str], name: str) -> str:
     return args[args.index(name) + 1]
+
+
+def kubernetes_expanded(text: str, defined: dict[str, str]) -> str:
+    """An env value or an argument as the kubelet passes it on: $$ is $, $(NAME) the value of a variable defined
+    before it (kept as written where none is)."""
+    return re.sub(r"\$\$|\$\(([^)]*)\)",
+                  lambda m: "$" if m.group(0) == "$$" else defined.get(m.group(1), m.group(0)), text)
+
+
+POD_FIELDS = {"metadata.name": "pod-0", "metadata.namespace": NAMESPACE, "status.podIP": "10.0.0.7",
+              "spec.nodeName": "node-1"}
+
+
+def kubernetes_env(c: dict[str, Any]) -> dict[str, str]:
+    """A container's environment as its process gets it (a pod's fields filled in; Secrets left out)."""
+    defined: dict[str, str] = {}
+    for entry in c.get("env", []):
+        if "value" in entry:
+            defined[entry["name"]] = kubernetes_expanded(entry["value"], defined)
+        elif "fieldRef" in entry.get("valueFrom", {}):
+            defined[entry["name"]] = POD_FIELDS[entry["valueFrom"]["fieldRef"]["fieldPath"]]
+    return defined
+
+
+def kubernetes_args(c: dict[str, Any]) -> list[str]:
+    return [kubernetes_expanded(a, kubernetes_env(c)) for a in c.get("args", [])]
 
 
 def engines(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -846,6 +981,37 @@ def test_the_sidecar_shares_a_memory_backed_dev_shm_with_vllm(reports: dict[str,
         assert sidecar["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
 
 
+def test_a_pool_adds_its_own_extra_args_and_env_to_vllms_and_may_schedule_otherwise(reports: dict[str, Any]) -> None:
+    pools = engines(reports["per-pool-vllm-settings"])
+    big, small, cpu = (container(pools[name], "vllm") for name in ("big", "small", "cpu"))
+    assert big["args"][-4:] == ["--enable-prefix-caching", "--pipeline-parallel-size", "2", "--kv-cache-dtype=fp8"]
+    assert big["resources"]["limits"]["nvidia.com/gpu"] == 16  # TP 8 x its own PP 2
+    assert small["args"][-1] == cpu["args"][-1] == "--enable-prefix-caching"
+    assert "--pipeline-parallel-size" not in small["args"] and small["resources"]["limits"]["nvidia.com/gpu"] == 1
+    names = [e["name"] for e in big["env"]]
+    assert env(big)["VLLM_LOGGING_LEVEL"] == "DEBUG" and names.count("VLLM_LOGGING_LEVEL") == 1
+    assert names.index("VLLM_LOGGING_LEVEL") < names.index("HF_TOKEN") and names[-1] == "NCCL_DEBUG"
+    assert env(small)["VLLM_LOGGING_LEVEL"] == "INFO" and "NCCL_DEBUG" not in env(small)
+    assert env(cpu)["HF_TOKEN"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
+    for case, expected in (("per-pool-vllm-settings", {"big": True, "small": False, "cpu": False}),
+                           ("pool-asynchronous-over-a-synchronous-chart", {"gpu": True, "inherits": False,
+                                                                          "cpu": False})):
+        for name, asynchronous in expected.items():
+            args = container(engines(reports[case])[name], "vllm")["args"]
+            assert [a for a in args if a.endswith("async-scheduling")] == [
+                "--async-scheduling" if asynchronous else "--no-async-scheduling"], (case, name)
+            assert flag(args, "--scheduler-cls") == "bear.snapshotter.plugin." + (
+                "AsyncSnapshotScheduler" if asynchronous else "SnapshotScheduler"), (case, name)
+
+
+def test_pools_with_models_named_alike_serve_them_by_the_names_given(reports: dict[str, Any]) -> None:
+    report = reports["served-model-names-told-apart"]
+    assert {name: pool.model for name, pool in pools_file(report).items()} == {
+        "a": "llama-3-8b-one", "b": "llama-3-8b", "c": "llama-3-8b"}
+    for name, engine in engines(report).items():
+        assert flag(container(engine, "vllm")["args"], "--served-model-name") == pools_file(report)[name].model
+
+
 def test_the_pools_file_describes_every_pool(reports: dict[str, Any]) -> None:
     """What each pool serves and costs; that its selector picks exactly its pods is checked for every case above."""
     pools = pools_file(reports["example-paper-pools"])
@@ -858,6 +1024,74 @@ def test_the_pools_file_describes_every_pool(reports: dict[str, Any]) -> None:
 
 
 # --- the services -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("case", "streams"), [("default", "2"), ("paper+production", "12"),
+                                               ("estimator-autoscaled-past-the-stream-cap", "16"),
+                                               ("large-whole-numbers", "16"), ("estimator-scaled-to-zero", "1"),
+                                               ("in-process", None)])
+def test_the_router_balances_streams_over_every_estimator_and_predictor_pod(reports: dict[str, Any], case: str,
+                                                                            streams: str | None) -> None:
+    """The router opens BEAR_ROUTER_UPSTREAM_STREAMS streams to each of the estimator and the predictor, balanced
+    round-robin over the addresses their names resolve to: headless Services, whose DNS names every ready pod (a
+    ClusterIP Service's one address would put every stream on whichever pod the first connection reached)."""
+    report = reports[case]
+    router = env(container(component(report, "Deployment", "router"), "router"))
+    assert router.get("BEAR_ROUTER_UPSTREAM_STREAMS") == streams
+    services = {s["metadata"]["labels"]["app.kubernetes.io/component"]: s["spec"]
+                for s in of_kind(report, "Service").values()}
+    assert "clusterIP" not in services["router"]
+    for name in ("estimator", "predictor"):
+        if streams is None:  # in process: no Service of their own
+            assert name not in services
+            continue
+        spec = services[name]
+        assert (spec["type"], spec["clusterIP"]) == ("ClusterIP", "None")
+        assert [p["name"] for p in spec["ports"]] == ["grpc", "metrics"]
+        assert router[f"BEAR_{name.upper()}_ADDRESS"].startswith(
+            component(report, "Service", name)["metadata"]["name"] + ":")
+
+
+def test_dollars_in_the_users_text_reach_the_containers_as_written(reports: dict[str, Any]) -> None:
+    """Kubernetes expands $(VAR) and turns $$ into $ in env values and args: the chart doubles every $ of the text it
+    places there, and leaves the operator's own env entries, written in Kubernetes' syntax, as they are."""
+    report, given = reports["dollars-in-user-text"], GOOD_CASES["dollars-in-user-text"][1]
+    router = container(component(report, "Deployment", "router"), "router")
+    assert env(router)["BEAR_REDIS_URL"] == "redis://:pa$$$$w0rd@host:6379/0"
+    settings = kubernetes_env(router)
+    assert settings["BEAR_REDIS_URL"] == given["redis"]["url"]
+    assert settings["OTEL_EXPORTER_OTLP_ENDPOINT"] == given["otel"]["endpoint"]
+    assert settings["OTEL_RESOURCE_ATTRIBUTES"] == (f"k8s.namespace.name={NAMESPACE},k8s.pod.name=pod-0,"
+                                                    "k8s.node.name=node-1,service.version=0.1.0,team=a$$b,cost=$(C)")
+    estimator = container(component(report, "Deployment", "estimator"), "estimator")
+    assert kubernetes_args(estimator)[-2:] == ["--config", "/etc/bear/$$.yaml"]
+    predictor = container(component(report, "Deployment", "predictor"), "predictor")
+    assert kubernetes_env(predictor)["BEAR_PREDICTOR_MODEL_DIR"] == "/opt/$(P)"
+    pools = engines(report)
+    vllm = container(pools["p"], "vllm")
+    args = kubernetes_args(vllm)
+    assert args[0] == "org/m$(X)" and flag(args, "--served-model-name") == "m$(X)" == pools_file(report)["p"].model
+    assert args[-1] == "--chat-template=/t/$(T).jinja"
+    assert env(vllm)["TOKEN_FILE"] == "$(HOME)/t" and kubernetes_env(vllm)["TOKEN_FILE"] == "/tmp/t"  # the operator's
+    assert kubernetes_env(container(pools["p"], "snapshotter"))["BEAR_MODEL"] == "m$(X)"
+    assert flag(kubernetes_args(container(pools["q"], "vllm")), "--served-model-name") == "q$$1"
+    assert kubernetes_env(container(pools["q"], "snapshotter"))["BEAR_MODEL"] == "q$$1" == pools_file(report)["q"].model
+
+
+def test_the_sidecar_takes_its_ports_from_its_flags_alone(reports: dict[str, Any]) -> None:
+    """The chart passes --grpc-port and --metrics-port, which win over the environment: it sets no variable beside
+    them (and refuses one in vllm.snapshotter.env), so the port the sidecar serves is the one its probes check."""
+    from bear.cli.main import build_parser
+    from bear.snapshotter.serve import config_from
+
+    (engine,) = engines(reports["default"]).values()
+    sidecar = container(engine, "snapshotter")
+    assert not {"BEAR_SNAPSHOTTER_GRPC_PORT", "BEAR_SNAPSHOTTER_METRICS_PORT"} & set(env(sidecar))
+    config = config_from(build_parser().parse_args(kubernetes_args(sidecar)), kubernetes_env(sidecar))
+    ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
+    assert (config.grpc_port, config.metrics_port) == (ports["grpc-snapshot"], ports["metrics"]) == (50071, 9465)
+    assert config.advertised_endpoint == "10.0.0.7:50071"
+    assert sidecar["readinessProbe"]["grpc"]["port"] == config.grpc_port
 
 
 def test_router_estimator_and_predictor_are_wired_to_each_other(reports: dict[str, Any]) -> None:

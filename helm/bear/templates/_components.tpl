@@ -22,10 +22,23 @@
   value: {{ printf "%s:%v" (include "bear.componentName" (dict "root" . "component" "estimator")) (int64 .Values.estimator.grpcPort) | quote }}
 - name: BEAR_PREDICTOR_ADDRESS
   value: {{ printf "%s:%v" (include "bear.componentName" (dict "root" . "component" "predictor")) (int64 .Values.predictor.grpcPort) | quote }}
+- name: BEAR_ROUTER_UPSTREAM_STREAMS
+  value: {{ include "bear.upstreamStreams" . | quote }}
 {{- end }}
 - name: BEAR_DEFAULT_POLICY
   value: {{ .Values.router.defaultPolicy | quote }}
 {{ include "bear.discoveryEnv" . }}
+{{- end -}}
+
+{{/* Streams the router opens to each of the estimator and the predictor, balanced round-robin over their pods (their
+Services are headless): one per estimator pod, as many as it may scale to, at most 16 and at least 1. */}}
+{{- define "bear.upstreamStreams" -}}
+{{- $estimator := .Values.estimator -}}
+{{- $pods := int64 $estimator.replicas -}}
+{{- if $estimator.autoscaling.enabled -}}
+{{- $pods = max $pods (int64 $estimator.autoscaling.maxReplicas) -}}
+{{- end -}}
+{{- min 16 (max 1 $pods) -}}
 {{- end -}}
 
 {{- define "bear.estimatorEnv" -}}
@@ -39,7 +52,7 @@
 {{- define "bear.predictorEnv" -}}
 {{- $artifact := .Values.predictor.artifact -}}
 - name: BEAR_PREDICTOR_MODEL_DIR
-  value: {{ ternary $artifact.image.path "/var/lib/bear/predictor" (eq $artifact.source "image") | quote }}
+  value: {{ include "bear.literal" (ternary $artifact.image.path "/var/lib/bear/predictor" (eq $artifact.source "image")) | quote }}
 {{- end -}}
 
 {{- define "bear.discoveryEnv" -}}
@@ -121,7 +134,8 @@
   value: /cache/triton
 {{- end -}}
 
-{{/* The environment the chart gives a pool's snapshotter sidecar (bear.env adds vllm.snapshotter.env):
+{{/* The environment the chart gives a pool's snapshotter sidecar (bear.env adds vllm.snapshotter.env); its ports
+come from its flags alone (--grpc-port, --metrics-port), which win over the environment:
 (dict "root" $ "pool" $pool "model" served model name) */}}
 {{- define "bear.sidecarEnv" -}}
 {{- $root := .root -}}
@@ -134,7 +148,7 @@
 - name: BEAR_POOL
   value: {{ .pool.name | quote }}
 - name: BEAR_MODEL
-  value: {{ .model | quote }}
+  value: {{ include "bear.literal" .model | quote }}
 - name: BEAR_INSTANCE_ENDPOINT
   value: {{ printf "http://%s:%v" (include "bear.podIPInAddress" $root) (int64 $root.Values.vllm.port) | quote }}
 # Registered once vLLM answers /health, withdrawn within about a second when it stops.
@@ -142,8 +156,6 @@
   value: {{ printf "http://localhost:%v/health" (int64 $root.Values.vllm.port) | quote }}
 {{- /* No prices: the router and the estimator take them from the pools file (a change rolls them, not the GPU pods,
 whose restart reloads the weights); the sidecar's registration would only repeat them. */}}
-- name: BEAR_SNAPSHOTTER_GRPC_PORT
-  value: {{ $snapshotter.grpcPort | int64 | quote }}
 - name: BEAR_SNAPSHOTTER_ENDPOINT
   value: {{ printf "%s:%v" (include "bear.podIPInAddress" $root) (int64 $snapshotter.grpcPort) | quote }}
 - name: BEAR_SNAPSHOTTER_POLL_INTERVAL_MS

@@ -133,6 +133,30 @@ defaulting to the appVersion: (dict "root" $ "image" $image) */}}
 {{- required (printf "pools[%s]: set servedModelName, model %q has no last path component to name it by" .name .model) $name -}}
 {{- end -}}
 
+{{/* Text from the values placed in a container's env value or args, so that it reaches the process as written:
+Kubernetes expands $(VAR) there and turns $$ into $, so every $ is doubled (a Redis password "pa$$w0rd" arrives
+whole, a path with $(X) keeps it). Not for the operator's own `env` entries, written in Kubernetes' syntax on
+purpose, nor for the chart's own $(POD_IP), $(POD_NAME), ... */}}
+{{- define "bear.literal" -}}
+{{- replace "$" "$$" (toString .) -}}
+{{- end -}}
+
+{{/* A pool's async scheduling, as JSON {"on": true or false, "field": where it is set}: the pool's own
+asyncScheduling where it sets one (null or absent: none), else vllm.asyncScheduling: (dict "root" $ "pool" $pool) */}}
+{{- define "bear.poolAsyncScheduling" -}}
+{{- if kindIs "bool" .pool.asyncScheduling -}}
+{{- toJson (dict "on" .pool.asyncScheduling "field" (printf "pools[%s].asyncScheduling" .pool.name)) -}}
+{{- else -}}
+{{- toJson (dict "on" .root.Values.vllm.asyncScheduling "field" "vllm.asyncScheduling") -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The extra arguments of a pool's `vllm serve`, as a JSON list: vllm.extraArgs, then the pool's own (vLLM takes
+the last of a flag given twice, so the pool's win): (dict "root" $ "pool" $pool) */}}
+{{- define "bear.poolExtraArgs" -}}
+{{- concat (default list .root.Values.vllm.extraArgs) (default list .pool.extraArgs) | toJson -}}
+{{- end -}}
+
 {{/* A vLLM probe: the values' block, with the default handler (GET /health on the `http` port) only if the block
 names none, so that a handler given in the values replaces the default instead of joining it. A block set to null
 renders as null: no probe. */}}
@@ -212,7 +236,7 @@ true
 {{- define "bear.redisEnv" -}}
 {{- $redis := .Values.redis -}}
 - name: BEAR_REDIS_URL
-  value: {{ include "bear.redisUrl" . | quote }}
+  value: {{ include "bear.literal" (include "bear.redisUrl" .) | quote }}
 - name: BEAR_REDIS_TIMEOUT_S
   value: {{ $redis.timeoutSeconds | quote }}
 {{- if $redis.existingSecret }}
@@ -228,13 +252,13 @@ true
 {{- if $redis.tls.existingSecret }}
 {{- if $redis.tls.caKey }}
 - name: BEAR_REDIS_TLS_CA_FILE
-  value: {{ printf "/etc/bear/redis-tls/%s" $redis.tls.caKey | quote }}
+  value: {{ printf "/etc/bear/redis-tls/%s" (include "bear.literal" $redis.tls.caKey) | quote }}
 {{- end }}
 {{- if $redis.tls.certKey }}
 - name: BEAR_REDIS_TLS_CERT_FILE
-  value: {{ printf "/etc/bear/redis-tls/%s" $redis.tls.certKey | quote }}
+  value: {{ printf "/etc/bear/redis-tls/%s" (include "bear.literal" $redis.tls.certKey) | quote }}
 - name: BEAR_REDIS_TLS_KEY_FILE
-  value: {{ printf "/etc/bear/redis-tls/%s" $redis.tls.keyKey | quote }}
+  value: {{ printf "/etc/bear/redis-tls/%s" (include "bear.literal" $redis.tls.keyKey) | quote }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -247,7 +271,7 @@ true
   value: {{ .service | quote }}
 {{- if $otel.endpoint }}
 - name: OTEL_EXPORTER_OTLP_ENDPOINT
-  value: {{ $otel.endpoint | quote }}
+  value: {{ include "bear.literal" $otel.endpoint | quote }}
 - name: OTEL_EXPORTER_OTLP_PROTOCOL
   value: {{ $otel.protocol | quote }}
 - name: OTEL_TRACES_SAMPLER
@@ -255,7 +279,7 @@ true
 - name: OTEL_TRACES_SAMPLER_ARG
   value: {{ $otel.samplerArg | quote }}
 - name: OTEL_RESOURCE_ATTRIBUTES
-  value: {{ printf "k8s.namespace.name=$(POD_NAMESPACE),k8s.pod.name=$(POD_NAME),k8s.node.name=$(NODE_NAME),service.version=%s%s" .root.Chart.AppVersion (ternary (printf ",%s" $otel.resourceAttributes) "" (ne (default "" $otel.resourceAttributes) "")) | quote }}
+  value: {{ printf "k8s.namespace.name=$(POD_NAMESPACE),k8s.pod.name=$(POD_NAME),k8s.node.name=$(NODE_NAME),service.version=%s%s" .root.Chart.AppVersion (ternary (printf ",%s" (include "bear.literal" $otel.resourceAttributes)) "" (ne (default "" $otel.resourceAttributes) "")) | quote }}
 {{- else }}
 - name: OTEL_SDK_DISABLED
   value: "true"
@@ -268,18 +292,10 @@ from the values at `field`) in place of those of the same name, and the operator
 env names a variable twice is refused by server-side apply (Helm 4's default), and which one a container gets is
 otherwise left to the order. */}}
 {{- define "bear.env" -}}
+{{- include "bear.checkEnv" (dict "field" .field "env" .extra) -}}
 {{- $extra := dict -}}
-{{- range $i, $entry := (default list .extra) -}}
-{{- if or (not (kindIs "map" $entry)) (not (get $entry "name")) -}}
-{{- fail (printf "%s[%d]: an environment entry needs a name (name: ..., value: ... or valueFrom: ...)" $.field $i) -}}
-{{- end -}}
-{{- if and (hasKey $entry "value") (not (kindIs "string" $entry.value)) -}}
-{{- fail (printf "%s[%d]: the value of %s must be a string (quote a number: \"64\")" $.field $i $entry.name) -}}
-{{- end -}}
-{{- if hasKey $extra (toString $entry.name) -}}
-{{- fail (printf "%s: %s is given twice" $.field $entry.name) -}}
-{{- end -}}
-{{- $_ := set $extra (toString $entry.name) $entry -}}
+{{- range (default list .extra) -}}
+{{- $_ := set $extra (toString .name) . -}}
 {{- end -}}
 {{- $merged := list -}}
 {{- $placed := dict -}}
@@ -299,6 +315,48 @@ otherwise left to the order. */}}
 {{- if $merged -}}
 {{- toYaml $merged -}}
 {{- end -}}
+{{- end -}}
+
+{{/* An operator's `env` list (from the values at `field`): every entry named, its `value` a string, no name twice:
+(dict "field" "router.env" "env" $.Values.router.env) */}}
+{{- define "bear.checkEnv" -}}
+{{- $seen := dict -}}
+{{- range $i, $entry := (default list .env) -}}
+{{- if or (not (kindIs "map" $entry)) (not (get $entry "name")) -}}
+{{- fail (printf "%s[%d]: an environment entry needs a name (name: ..., value: ... or valueFrom: ...)" $.field $i) -}}
+{{- end -}}
+{{- if and (hasKey $entry "value") (not (kindIs "string" $entry.value)) -}}
+{{- fail (printf "%s[%d]: the value of %s must be a string (quote a number: \"64\")" $.field $i $entry.name) -}}
+{{- end -}}
+{{- if hasKey $seen (toString $entry.name) -}}
+{{- fail (printf "%s: %s is given twice" $.field $entry.name) -}}
+{{- end -}}
+{{- $_ := set $seen (toString $entry.name) true -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A pool's vLLM env as the operator gave it, a JSON list: vllm.env with the pool's `env` entries in place of those
+of the same name, and its others after them; each list checked as bear.checkEnv does: (dict "root" $ "pool" $pool) */}}
+{{- define "bear.poolEnv" -}}
+{{- $base := default list .root.Values.vllm.env -}}
+{{- $over := default list .pool.env -}}
+{{- include "bear.checkEnv" (dict "field" "vllm.env" "env" $base) -}}
+{{- include "bear.checkEnv" (dict "field" (printf "pools[%s].env" .pool.name) "env" $over) -}}
+{{- $byName := dict -}}
+{{- range $over -}}
+{{- $_ := set $byName (toString .name) . -}}
+{{- end -}}
+{{- $merged := list -}}
+{{- range $base -}}
+{{- $merged = append $merged (get $byName (toString .name) | default .) -}}
+{{- $_ := unset $byName (toString .name) -}}
+{{- end -}}
+{{- range $over -}}
+{{- if hasKey $byName (toString .name) -}}
+{{- $merged = append $merged . -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $merged -}}
 {{- end -}}
 
 {{- define "bear.homeEnv" -}}
@@ -373,17 +431,24 @@ whose vLLM metrics are to be scraped instead). (dict "root" $ "port" 9464 "extra
 {{- end -}}
 {{- include "bear.validateSnapshotAge" . -}}
 {{- include "bear.validateEngineEnv" . -}}
-{{- $pipelineParallel := include "bear.extraArgsSize" (dict "args" .Values.vllm.extraArgs
-  "long" "--pipeline-parallel-size" "from" "--pi" "short" (list "-pp")) | int -}}
-{{- $contextParallel := include "bear.extraArgsSize" (dict "args" .Values.vllm.extraArgs
-  "long" "--prefill-context-parallel-size" "from" "--prefill-c" "short" (list "-pcp" "-pc")) | int -}}
+{{- include "bear.validatePortEnv" . -}}
+{{- include "bear.validateServedNames" . -}}
+{{- include "bear.validateOtel" . -}}
 {{- $names := list -}}
 {{- range .Values.pools -}}
 {{- if has .name $names -}}
 {{- fail (printf "pools: the name %q is used twice" .name) -}}
 {{- end -}}
 {{- $names = append $names .name -}}
-{{- include "bear.validateExtraArgs" (dict "pool" . "args" $.Values.vllm.extraArgs) -}}
+{{- include "bear.validateExtraArgs" (dict "pool" . "field" "vllm.extraArgs" "args" $.Values.vllm.extraArgs) -}}
+{{- include "bear.validateExtraArgs" (dict "pool" . "field" (printf "pools[%s].extraArgs" .name) "args" .extraArgs) -}}
+{{- /* the sizes as vLLM reads the pool's arguments: vllm.extraArgs, then the pool's own (the last of a flag wins) */ -}}
+{{- $args := include "bear.poolExtraArgs" (dict "root" $ "pool" .) | fromJsonArray -}}
+{{- $argsField := ternary (printf "vllm.extraArgs and pools[%s].extraArgs" .name) "vllm.extraArgs" (not (empty .extraArgs)) -}}
+{{- $pipelineParallel := include "bear.extraArgsSize" (dict "args" $args
+  "long" "--pipeline-parallel-size" "from" "--pi" "short" (list "-pp")) | int -}}
+{{- $contextParallel := include "bear.extraArgsSize" (dict "args" $args
+  "long" "--prefill-context-parallel-size" "from" "--prefill-c" "short" (list "-pcp" "-pc")) | int -}}
 {{- $engine := default (dict) .engine -}}
 {{- if and $engine.maxNumBatchedTokens $engine.maxNumSeqs (lt (int $engine.maxNumBatchedTokens) (int $engine.maxNumSeqs)) -}}
 {{- fail (printf "pools[%s]: engine.maxNumBatchedTokens (%v) is below engine.maxNumSeqs (%v): vLLM refuses to start (a step must have a token for every running request)" .name $engine.maxNumBatchedTokens $engine.maxNumSeqs) -}}
@@ -402,7 +467,16 @@ whose vLLM metrics are to be scraped instead). (dict "root" $ "port" 9464 "extra
 {{- if lt (int $used) $gpus -}}
 {{- $outcome = printf "use %v GPUs of each pod and leave the others idle" $used -}}
 {{- end -}}
-{{- fail (printf "pools[%s]: gpusPerReplica (%v) is not tensorParallelSize (%v) x the pipeline-parallel size (%v) x the prefill-context-parallel size (%v) of vllm.extraArgs: vLLM would %s" .name (int64 .gpusPerReplica) $tensorParallel $pipelineParallel $contextParallel $outcome) -}}
+{{- if and $.Values.vllm.extraArgs (gt (len $.Values.pools) 1) -}}
+{{- $outcome = printf "%s (vllm.extraArgs reaches every pool: a size meant for some pools goes in their own extraArgs)" $outcome -}}
+{{- end -}}
+{{- fail (printf "pools[%s]: gpusPerReplica (%v) is not tensorParallelSize (%v) x the pipeline-parallel size (%v) x the prefill-context-parallel size (%v) of %s: vLLM would %s" .name (int64 .gpusPerReplica) $tensorParallel $pipelineParallel $contextParallel $argsField $outcome) -}}
+{{- end -}}
+{{- /* vLLM's CPU platform (no GPU) turns async scheduling off whatever the flag says: the pool would run BEAR's
+asynchronous scheduler in a synchronous engine. */ -}}
+{{- $async := include "bear.poolAsyncScheduling" (dict "root" $ "pool" .) | fromJson -}}
+{{- if and (eq $gpus 0) $async.on -}}
+{{- fail (printf "pools[%s]: gpusPerReplica is 0 and asyncScheduling is on (%s): vLLM's CPU platform turns async scheduling off, while the chart would run BEAR's asynchronous scheduler; set asyncScheduling: false for this pool" .name $async.field) -}}
 {{- end -}}
 {{- end -}}
 {{- range $component := list "router" "estimator" "predictor" -}}
@@ -461,7 +535,8 @@ whose vLLM metrics are to be scraped instead). (dict "root" $ "port" 9464 "extra
 
 {{/* Flags of `vllm serve` the chart sets itself, which vllm.extraArgs must not set again (vLLM would take the
 last, and the probes, the pools file or the pool's engine settings would say otherwise), in full or abbreviated as
-vLLM's parser takes them (--tensor-parallel 1, --max-num-seq=8): (dict "pool" $pool "args" $.Values.vllm.extraArgs) */}}
+vLLM's parser takes them (--tensor-parallel 1, --max-num-seq=8); vllm.extraArgs and a pool's own are each checked
+for every pool they reach: (dict "pool" $pool "field" "vllm.extraArgs" "args" $.Values.vllm.extraArgs) */}}
 {{- define "bear.validateExtraArgs" -}}
 {{- $engine := default (dict) .pool.engine -}}
 {{- $owned := list "--host" "--port" "--served-model-name" "--scheduler-cls" "--async-scheduling" "--no-async-scheduling" "--tensor-parallel-size" "-tp" -}}
@@ -471,14 +546,14 @@ vLLM's parser takes them (--tensor-parallel 1, --max-num-seq=8): (dict "pool" $p
 {{- end -}}
 {{- end -}}
 {{- range $arg := .args -}}
-{{- include "bear.checkArgShape" (dict "field" "vllm.extraArgs" "arg" $arg) -}}
+{{- include "bear.checkArgShape" (dict "field" $.field "arg" $arg) -}}
 {{- $flag := include "bear.flagName" $arg -}}
 {{- with include "bear.vllmFlagSet" (dict "name" $flag "flags" $owned) -}}
 {{- $abbreviated := ternary "" (printf " (%s abbreviated)" .) (eq . $flag) -}}
-{{- fail (printf "vllm.extraArgs: %s%s is a flag the chart sets for pools[%s]; set it through the values instead (the pool's engine settings, tensorParallelSize, servedModelName, vllm.port, vllm.asyncScheduling)" (toString $arg) $abbreviated $.pool.name) -}}
+{{- fail (printf "%s: %s%s is a flag the chart sets for pools[%s]; set it through the values instead (the pool's engine settings, tensorParallelSize, servedModelName, asyncScheduling, vllm.port, vllm.asyncScheduling)" $.field (toString $arg) $abbreviated $.pool.name) -}}
 {{- end -}}
 {{- if include "bear.vllmFlagSet" (dict "name" $flag "flags" (list "--data-parallel-size" "-dp")) -}}
-{{- fail (printf "vllm.extraArgs: %s: BEAR's snapshotter observes data-parallel rank 0 only (the others' state would be invisible to routing); scale a pool with replicas instead" (toString $arg)) -}}
+{{- fail (printf "%s: %s: BEAR's snapshotter observes data-parallel rank 0 only (the others' state would be invisible to routing); scale a pool with replicas instead" $.field (toString $arg)) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
@@ -622,11 +697,66 @@ float of its sign: it fails every finite bound as infinity would. (dict "env" $.
 {{/* BEAR_SNAPSHOT_REGION names the region that vLLM's plugin writes and the sidecar reads: set in one container's
 env, it would change in that one only, and the pod would never become ready. */}}
 {{- define "bear.validateEngineEnv" -}}
-{{- range $field, $env := dict "vllm.env" .Values.vllm.env "vllm.snapshotter.env" .Values.vllm.snapshotter.env -}}
+{{- $lists := dict "vllm.env" .Values.vllm.env "vllm.snapshotter.env" .Values.vllm.snapshotter.env -}}
+{{- range .Values.pools -}}
+{{- $_ := set $lists (printf "pools[%s].env" .name) .env -}}
+{{- end -}}
+{{- range $field, $env := $lists -}}
 {{- range $env -}}
 {{- if eq (toString .name) "BEAR_SNAPSHOT_REGION" -}}
 {{- fail (printf "%s: BEAR_SNAPSHOT_REGION would name the shared-memory region of one container only (vLLM's plugin writes it, the sidecar reads it): set vllm.snapshotter.region instead" $field) -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The ports the chart passes as flags (--grpc-port, --metrics-port), which win over the environment: the same
+setting in an `env` list would be overridden without a word, and the chart's ports, probes and NetworkPolicies use
+the values. */}}
+{{- define "bear.validatePortEnv" -}}
+{{- $lists := list -}}
+{{- range $component := list "router" "estimator" "predictor" -}}
+{{- $prefix := printf "BEAR_%s" (upper $component) -}}
+{{- $lists = append $lists (dict "field" (printf "%s.env" $component) "env" (index $.Values $component).env "flags" (dict
+  (printf "%s_GRPC_PORT" $prefix) (list "--grpc-port" (printf "%s.grpcPort" $component))
+  (printf "%s_METRICS_PORT" $prefix) (list "--metrics-port" "metrics.port"))) -}}
+{{- end -}}
+{{- $lists = append $lists (dict "field" "vllm.snapshotter.env" "env" .Values.vllm.snapshotter.env "flags" (dict
+  "BEAR_SNAPSHOTTER_GRPC_PORT" (list "--grpc-port" "vllm.snapshotter.grpcPort")
+  "BEAR_SNAPSHOTTER_METRICS_PORT" (list "--metrics-port" "metrics.snapshotterPort"))) -}}
+{{- range $list := $lists -}}
+{{- range $entry := $list.env -}}
+{{- $name := toString $entry.name -}}
+{{- if hasKey $list.flags $name -}}
+{{- $flag := index $list.flags $name -}}
+{{- fail (printf "%s: %s would be overridden by %s, which the chart passes from %s (a flag wins over the environment, and the chart's ports, probes and NetworkPolicies use that value): set %s instead" $list.field $name (index $flag 0) (index $flag 1) (index $flag 1)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Two pools that serve different models by one name the chart derived (a model's last path component, where
+servedModelName is empty): BEAR's pools file and predictor and the clients know a model by its name alone, and would
+take the two for one. The same model in two pools, or one name that servedModelName gives both, is meant. */}}
+{{- define "bear.validateServedNames" -}}
+{{- $pools := .Values.pools -}}
+{{- range $i, $a := $pools -}}
+{{- range $j, $b := $pools -}}
+{{- if and (lt $i $j) (or (not $a.servedModelName) (not $b.servedModelName)) (ne (trimSuffix "/" $a.model) (trimSuffix "/" $b.model)) -}}
+{{- $name := include "bear.servedModelName" $a -}}
+{{- if eq $name (include "bear.servedModelName" $b) -}}
+{{- fail (printf "pools[%s] and pools[%s] serve different models (%s, %s) by one name, %q, derived from a model's last path component (servedModelName unset): BEAR and its clients know a model by its name alone and would take the two for one; set servedModelName" $a.name $b.name $a.model $b.model $name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* With http/protobuf the exporter appends /v1/traces to OTEL_EXPORTER_OTLP_ENDPOINT, the collector's base URL:
+an endpoint that ends in it would send every span to .../v1/traces/v1/traces. (gRPC takes no path.) */}}
+{{- define "bear.validateOtel" -}}
+{{- $otel := .Values.otel -}}
+{{- if and $otel.endpoint (eq (toString $otel.protocol) "http/protobuf") (regexMatch "/v1/traces/?$" $otel.endpoint) -}}
+{{- fail (printf "otel.endpoint (%s) ends in /v1/traces, which the exporter appends itself with protocol http/protobuf (spans would go to .../v1/traces/v1/traces): give the collector's base URL, %s" $otel.endpoint (regexReplaceAll "/v1/traces/?$" $otel.endpoint "")) -}}
 {{- end -}}
 {{- end -}}
