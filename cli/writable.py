@@ -9,31 +9,31 @@ from pathlib import Path
 
 
 def make_folder(folder: Path) -> list[Path]:
-    """Creates `folder` and its missing parents; returns the folders it made, outermost first (for `remove_made`).
-    Raises OSError, having removed what it made, if one cannot be made."""
-    missing: list[Path] = []
-    current = folder
-    while not current.exists() and current.parent != current:  # (a broken link "exists" not: mkdir refuses it)
-        missing.append(current)
-        current = current.parent
-    missing.reverse()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        remove_made(missing)
-        raise
-    return missing
+    """Creates `folder` and its missing parents, one at a time; returns the folders it made, outermost first (for
+    `remove_made`): those its own mkdir created, and no other (a path through `..`, or another process making one
+    meanwhile, cannot make it count a folder that was there). Raises OSError, having removed what it made, if one
+    cannot be made."""
+    made: list[Path] = []
+    for current in [*reversed(folder.parents), folder]:
+        try:
+            current.mkdir()
+        except FileExistsError:
+            continue  # there already (a file in the way fails at the next level, or at the caller's check)
+        except OSError:
+            remove_made(made)
+            raise
+        made.append(current)
+    return made
 
 
 def remove_made(folders: Sequence[Path]) -> None:
-    """Removes the folders `make_folder` made, innermost first, as long as they are empty."""
+    """Removes the folders `make_folder` made, innermost first, those still empty (one that is not keeps its parents:
+    they are not empty either)."""
     for folder in reversed(folders):
         try:
             folder.rmdir()
-        except FileNotFoundError:  # removed already
+        except OSError:  # removed already, or something was written there since: it stays
             continue
-        except OSError:  # something was written there since: it stays, and so do the folders above it
-            return
 
 
 def write_problem(folder: Path) -> str | None:

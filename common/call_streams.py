@@ -19,11 +19,13 @@ failed with. Results may come back out of order: a slow call does not hold up th
   need them and again after one ended, and sends each call on the next in turn; `call(request, timeout_s)` raises
   `CallFailed` with the status of the call or of the stream. A deadline that passes while the loop is busy still takes
   an answer already read (`_expire`). A stream is retired after `max_age_s` (give or take a fifth, so that clients do
-  not retire theirs together; a client's first streams sooner, `FIRST_STREAM_AGE_S`): later calls go on a new one, and the old one ends once its calls are answered (the
-  client stops writing; the server answers what it read, then ends it with OK), so no call fails for it. With the
-  channel's round_robin policy (`bear.common.channels`) and a name that resolves to several replicas (a headless
-  Service), each new stream goes to the next replica: N streams spread a client's calls over up to N replicas, and
-  retiring them brings replicas added later (found again as servers recycle connections) their share.
+  not retire theirs together; a client's first streams sooner, `FIRST_STREAM_AGE_S`): later calls go on a new one,
+  and once the old one's calls are answered or given up (their cancel messages sent), the client stops writing and
+  the server, having answered every call it read, ends it with OK: no call fails for it. With the channel's
+  round_robin policy (`bear.common.channels`) and a name that resolves to several replicas (a headless Service), each
+  new stream goes to the replica gRPC's picker takes next (from a random start each time a replica connects or goes):
+  several streams per replica spread a client's calls over them about evenly, and retiring streams brings replicas
+  added later (found again as servers recycle connections) their share.
   `StreamedMethod` uses the twin and falls back to the unary method where a server has no twin (an older version),
   trying the twin again a minute later.
 
@@ -307,7 +309,9 @@ class _OpenStream:
         self.write_lock = asyncio.Lock()
         self.reader: asyncio.Task[None] | None = None
         self.ended: CallFailed | None = None
-        self.retired = False  # no more calls: written to the end (done_writing), or about to be
+        self.retired = False  # no new calls; once those it carries are answered (or given up), it is written to the end
+        self.finishing = False  # its end is written (done_writing) once the writes queued before are done
+        self.half_closed = False  # its end is written: nothing more can be (a cancel message, say)
 
 
 def _retrieved(task: asyncio.Task[Any]) -> None:
@@ -413,20 +417,31 @@ class CallStream(Generic[Request, Response]):
                 # Not answered: the server may not even have read the call yet (it was held up). Tell it, so that it
                 # does not answer (route, record) a call nobody waits for, as gRPC cancels a unary call.
                 self._cancel(stream, message.call_id)
+            if stream.retired and not stream.pending:
+                self._finish(stream)  # after the cancel message, if any (the write lock is first come, first served)
             if not future.done():
                 future.cancel()  # nobody waits for it any more: a late answer or expiry leaves it alone
             elif not future.cancelled():
                 future.exception()  # retrieved: the stream's end may have failed it after the error raised here
 
     def _retire(self, stream: _OpenStream) -> None:
-        """No more calls on `stream`: once the writes already queued are done, the client says it has finished
-        writing; the server answers the calls it read and ends the stream with OK (its reader then ends)."""
+        """No new calls on `stream`; once those it carries are answered or given up (their cancel messages sent), the
+        client says it has finished writing, and the server, having answered every call it read, ends the stream
+        with OK (its reader then ends)."""
         stream.retired = True
+        if not stream.pending:
+            self._finish(stream)
+
+    def _finish(self, stream: _OpenStream) -> None:
+        if stream.finishing:
+            return
+        stream.finishing = True
 
         async def finish() -> None:
             try:
                 async with stream.write_lock:  # after the writes queued before (the lock is first come, first served)
                     if stream.ended is None:
+                        stream.half_closed = True
                         await stream.call.done_writing()
             except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
                 pass  # the stream ended meanwhile: its reader has the status
@@ -438,8 +453,8 @@ class CallStream(Generic[Request, Response]):
     def _cancel(self, stream: _OpenStream, call_id: int) -> None:
         async def write() -> None:
             async with stream.write_lock:
-                if stream.ended is None and not stream.retired:  # a retired one's server gives the call up itself,
-                    await stream.call.write(self._call_type(call_id=call_id, cancel=True))  # at its deadline
+                if stream.ended is None and not stream.half_closed:
+                    await stream.call.write(self._call_type(call_id=call_id, cancel=True))
 
         asyncio.ensure_future(write()).add_done_callback(_retrieved)
 

@@ -49,7 +49,11 @@ logger = logging.getLogger("bear.service")
 
 EXIT_BAD_INPUT = 2
 # gRPC sets SO_REUSEPORT on Linux by default: a second server on a port in use would start and share its calls.
-SERVER_OPTIONS = (("grpc.so_reuseport", 0), *CONNECTION_AGE_OPTIONS)
+NO_REUSEPORT = (("grpc.so_reuseport", 0),)
+# The router's, the estimator's and the predictor's: their connections recycled (`bear.common.channels`), so that the
+# replicas behind one name share the calls. (Not the snapshotter sidecar's, one per engine: its WatchSnapshots streams
+# may last for good.)
+SERVER_OPTIONS = (*NO_REUSEPORT, *CONNECTION_AGE_OPTIONS)
 GRPC_DEFAULT_MAX_RECEIVE_BYTES = 4 * 1024 * 1024
 BACKGROUND_STOP_S = 2.0  # at shutdown, for the background tasks to unwind once cancelled
 TRACING_FLUSH_S = 2.0  # at shutdown, for the queued spans (an unreachable collector must not hold the exit)

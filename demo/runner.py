@@ -144,11 +144,15 @@ def _run(config: DemoConfig, runner: asyncio.Runner, stops: _StopSignals | None,
 
 def remove_unused_run_folder(folder: Path) -> None:
     """Removes a run folder that holds nothing but its lock (a run that failed before writing anything leaves no
-    empty folder behind; logs stay, and the folder with them). Only for a folder this run made: another demo may be
-    about to take the lock of one it did not."""
+    empty folder behind; logs stay, and the folder with them). Only for a folder this run made, and its lock only when
+    no other demo holds it (one that found the folder there may have taken it meanwhile)."""
+    import fcntl
+
     with contextlib.suppress(OSError):
         if [entry.name for entry in folder.iterdir()] == [LOCK_FILE]:
-            (folder / LOCK_FILE).unlink()
+            with open(folder / LOCK_FILE, "a+") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another demo holding it: it stays (OSError)
+                (folder / LOCK_FILE).unlink()
         folder.rmdir()
 
 

@@ -37,8 +37,9 @@ without BEAR_, in lower case, e.g. `default_policy: bear`):
     BEAR_ROUTER_CALL_STREAMS           on (default): Predict and Estimate calls go over long-lived streams of calls
                                        (bear.common.call_streams); off: unary calls                --call-streams
     BEAR_ROUTER_UPSTREAM_STREAMS       streams of calls open to each of the predictor and the estimator, calls
-                                       taken in turn (default 1, at most 64): with N replicas behind one name (a
-                                       headless Service) set N, and each stream goes to another replica
+                                       taken in turn (default 1, at most 64): with replicas behind one name (a
+                                       headless Service) the streams are spread over them round-robin; a few per
+                                       replica (the chart gives 4) share the calls about evenly
     BEAR_ROUTER_IN_PROCESS             predictor, estimator or both (predictor,estimator): run them inside the
                                        router instead of calling them over gRPC, with their own settings from the
                                        environment (BEAR_PREDICTOR_MODEL_DIR, BEAR_MAX_SNAPSHOT_AGE_S, ...; their
@@ -160,7 +161,7 @@ class RouterConfig:
                             ("BEAR_ROUTER_REFRESH_S", self.refresh_interval_s),
                             ("BEAR_ROUTER_FORGET_AFTER_S", self.forget_after_s),
                             ("BEAR_ROUTER_FALLBACK_SNAPSHOT_AGE_S", self.fallback_snapshot_max_age_s)):
-            shown = value * 1000 if name.endswith("_MS") else value  # as it was given
+            shown = value * 1000 if name.endswith("_TIMEOUT_MS") else value  # as it was given (those in seconds here)
             _require(math.isfinite(value) and value > 0, f"{name} must be > 0, got {shown!r}")
         # The replay's horizon, horizon_factor × the target + 1 s, must stay a finite number of milliseconds.
         _require(self.horizon_factor <= MAX_HORIZON_FACTOR,

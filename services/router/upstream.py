@@ -1,13 +1,17 @@
 """The predictor and the estimator as the router calls them: over `streams` long-lived streams of calls each, taken
-in turn (`bear.common.call_streams`: with several replicas behind one name, each stream goes to the next; unary calls
-where configured off, or where a server has no stream twin), carrying the
-trace context, a deadline on every call, and every failure turned into `DependencyUnavailable` (the router then
-degrades)."""
+in turn (`bear.common.call_streams`: spread round-robin over the replicas behind one name; unary calls where
+configured off, or where a server has no stream twin), carrying the trace context, a deadline on every call, and
+every failure turned into `DependencyUnavailable` (the router then degrades); their channels built again after 2 s
+of UNAVAILABLE (`REBUILD_AFTER_S`)."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
 
 import grpc
 
@@ -21,9 +25,17 @@ from bear.v1 import estimator_pb2, estimator_pb2_grpc, predictor_pb2, predictor_
 
 PREDICTOR = predictor_pb2.DESCRIPTOR.services_by_name["Predictor"].full_name
 ESTIMATOR = estimator_pb2.DESCRIPTOR.services_by_name["Estimator"].full_name
+Request = TypeVar("Request")
+Response = TypeVar("Response")
 RECENT_PROTOS = 256  # dispatches kept converted for the next Estimate calls (more than a call sends)
 
 CHANNEL_OPTIONS = (*CLIENT_CHANNEL_OPTIONS, ("grpc.enable_retries", 0))
+
+
+# gRPC's DNS resolver retries a name that resolved to nothing (a headless Service without a ready pod) after a back-off
+# that grows to 2 minutes, and takes no channel option to shorten it: a neighbour failing UNAVAILABLE this long gets
+# new channels, which resolve its name at once, at most this often.
+REBUILD_AFTER_S = 2.0
 
 
 class _Channels:
@@ -43,13 +55,68 @@ class _Channels:
             await channel.close()
 
 
+class _Neighbour(Generic[Request, Response]):
+    """One method of a neighbour, called over `streams` streams of calls (or unary), every failure `CallFailed`; its
+    channels built again once it has failed UNAVAILABLE for `REBUILD_AFTER_S` (see there)."""
+
+    def __init__(self, address: str, traced: bool, streamed: bool, streams: int, stream_method: str,
+                 call_type: Any, result_type: Any, unary: Callable[[grpc.aio.Channel], Any],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._build = functools.partial(self._connect, address, traced, streamed, streams, stream_method, call_type,
+                                        result_type, unary)
+        self._channels, self._method = self._build()
+        self._clock = clock
+        self._failing_since: float | None = None  # of the current run of UNAVAILABLE answers
+        self._closing: set[asyncio.Task[None]] = set()
+        self.rebuilt = 0
+
+    @staticmethod
+    def _connect(address: str, traced: bool, streamed: bool, streams: int, stream_method: str, call_type: Any,
+                 result_type: Any, unary: Callable[[grpc.aio.Channel], Any]
+                 ) -> tuple[_Channels, StreamedMethod[Any, Any]]:
+        channels = _Channels(address, traced)
+        stream = CallStream(channels.streams, stream_method, call_type, result_type, traced,
+                            width=streams) if streamed else None
+        return channels, StreamedMethod(unary(channels.unary), stream)
+
+    async def __call__(self, request: Request, timeout_s: float) -> Response:
+        try:
+            response: Response = await self._method(request, timeout_s)
+        except CallFailed as error:
+            if error.code is grpc.StatusCode.UNAVAILABLE:
+                self._unavailable()
+            raise
+        self._failing_since = None
+        return response
+
+    def _unavailable(self) -> None:
+        now = self._clock()
+        if self._failing_since is None:
+            self._failing_since = now
+        elif now - self._failing_since >= REBUILD_AFTER_S:
+            old = (self._channels, self._method)
+            self._channels, self._method = self._build()
+            self._failing_since, self.rebuilt = now, self.rebuilt + 1
+            task = asyncio.ensure_future(self._close(*old))  # calls still on them end with them
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    @staticmethod
+    async def _close(channels: _Channels, method: StreamedMethod[Any, Any]) -> None:
+        await method.close()
+        await channels.close()
+
+    async def close(self) -> None:
+        await asyncio.gather(*self._closing, return_exceptions=True)
+        await self._close(self._channels, self._method)
+
+
 class GrpcPredictor:
     def __init__(self, address: str, timeout_s: float, streamed: bool = True, traced: bool = True,
                  streams: int = 1) -> None:
-        self._channels = _Channels(address, traced)
-        stream = CallStream(self._channels.streams, f"/{PREDICTOR}/PredictStream", predictor_pb2.PredictCall,
-                            predictor_pb2.PredictResult, traced, width=streams) if streamed else None
-        self._predict = StreamedMethod(predictor_pb2_grpc.PredictorStub(self._channels.unary).Predict, stream)
+        self._predict: _Neighbour[predictor_pb2.PredictRequest, predictor_pb2.PredictResponse] = _Neighbour(
+            address, traced, streamed, streams, f"/{PREDICTOR}/PredictStream", predictor_pb2.PredictCall,
+            predictor_pb2.PredictResult, lambda channel: predictor_pb2_grpc.PredictorStub(channel).Predict)
         self._timeout_s = timeout_s
 
     async def predict(self, prompt: str) -> dict[str, ModelPrediction]:
@@ -61,16 +128,14 @@ class GrpcPredictor:
 
     async def close(self) -> None:
         await self._predict.close()
-        await self._channels.close()
 
 
 class GrpcEstimator:
     def __init__(self, address: str, timeout_s: float, streamed: bool = True, traced: bool = True,
                  streams: int = 1) -> None:
-        self._channels = _Channels(address, traced)
-        stream = CallStream(self._channels.streams, f"/{ESTIMATOR}/EstimateStream", estimator_pb2.EstimateCall,
-                            estimator_pb2.EstimateResult, traced, width=streams) if streamed else None
-        self._estimate = StreamedMethod(estimator_pb2_grpc.EstimatorStub(self._channels.unary).Estimate, stream)
+        self._estimate: _Neighbour[estimator_pb2.EstimateRequest, estimator_pb2.EstimateResponse] = _Neighbour(
+            address, traced, streamed, streams, f"/{ESTIMATOR}/EstimateStream", estimator_pb2.EstimateCall,
+            estimator_pb2.EstimateResult, lambda channel: estimator_pb2_grpc.EstimatorStub(channel).Estimate)
         self._timeout_s = timeout_s
         self._recent = DispatchProtos()
 
@@ -87,7 +152,6 @@ class GrpcEstimator:
 
     async def close(self) -> None:
         await self._estimate.close()
-        await self._channels.close()
 
 
 class DispatchProtos:

@@ -10,7 +10,7 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from bear.common.service import SERVER_OPTIONS, ServiceStartError, bind_problem, guarded
+from bear.common.service import NO_REUSEPORT, ServiceStartError, bind_problem, guarded
 from bear.snapshotter.sidecar import Snapshotter
 from bear.v1 import calibration_pb2, snapshot_pb2, snapshotter_pb2, snapshotter_pb2_grpc
 
@@ -86,7 +86,7 @@ def make_server(source: Snapshotter, health_servicer: health.HealthServicer, hos
     if max_workers <= RESERVED_WORKERS:
         raise ValueError(f"max_workers must exceed {RESERVED_WORKERS}, got {max_workers}")
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="bear-snapshotter"),
-                         options=SERVER_OPTIONS)
+                         options=NO_REUSEPORT)
     registration = guarded(server)
     snapshotter_pb2_grpc.add_SnapshotterServicer_to_server(
         SnapshotterServicer(source, max_watchers=max_workers - RESERVED_WORKERS), registration)

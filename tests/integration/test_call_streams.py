@@ -514,7 +514,7 @@ async def _keep_calling(stream: CallStream[Any, Any], seconds: float, concurrenc
 
 def test_a_stream_is_retired_by_age_and_no_call_fails_even_as_the_server_recycles_connections(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    # Connections recycled every 0.4 s with 1.5 s of grace (production: 120 s and 60 s): a stream that outlived the
+    # Connections recycled every 0.4 s with 1.5 s of grace (production: 120 s and 120 s): a stream that outlived the
     # grace would be cut with its calls; retired after 0.3–0.4 s, each ends on its own once its calls are answered.
     monkeypatch.setattr(service, "SERVER_OPTIONS", (("grpc.so_reuseport", 0), ("grpc.max_connection_age_ms", 400),
                                                     ("grpc.max_connection_age_grace_ms", 1500)))
@@ -531,6 +531,34 @@ def test_a_stream_is_retired_by_age_and_no_call_fails_even_as_the_server_recycle
         assert failures == [] and answered > 100
         assert server.servicer.opened >= 6  # a new stream every 0.3–0.4 s
         assert server.servicer.stream_calls == answered and server.servicer.unary_calls == 0
+
+    run(scenario)
+
+
+def test_a_call_given_up_on_a_retired_stream_is_given_up_by_the_server_and_the_stream_ends_after() -> None:
+    """A stream retired while a call is in flight stays open for writing until that call is answered or given up: a
+    caller that stops waiting still tells the server (which would otherwise answer, and a router record, the call for
+    nobody), and the stream ends with OK only then."""
+    async def scenario() -> None:
+        server = await Server(Servicer()).start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                stream = _stream(channel, max_age_s=0.2)
+                try:
+                    slow = asyncio.ensure_future(stream.call(_request("sleep:0.8#given-up-on-retired"), timeout_s=5))
+                    await asyncio.sleep(0.3)  # past the stream's age: the next call retires it
+                    assert (await stream.call(_request("sleep:0#on-the-next"), timeout_s=5)).estimates
+                    assert server.servicer.opened == 2
+                    slow.cancel()
+                    await asyncio.gather(slow, return_exceptions=True)
+                    await asyncio.sleep(0.8)  # past the slow call's answer
+                    assert "sleep:0.8#given-up-on-retired" not in ANSWERED
+                    # The retired stream has ended (its reader too): only the new one is left
+                    assert [s.retired for s in stream._live] == [False]  # noqa: SLF001 - the client's bookkeeping
+                finally:
+                    await stream.close()
+        finally:
+            await server.kill()
 
     run(scenario)
 

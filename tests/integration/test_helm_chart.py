@@ -1026,13 +1026,14 @@ def test_the_pools_file_describes_every_pool(reports: dict[str, Any]) -> None:
 # --- the services -----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("case", "streams"), [("default", "2"), ("paper+production", "12"),
-                                               ("estimator-autoscaled-past-the-stream-cap", "16"),
-                                               ("large-whole-numbers", "16"), ("estimator-scaled-to-zero", "1"),
+@pytest.mark.parametrize(("case", "streams"), [("default", "8"), ("paper+production", "48"),
+                                               ("estimator-autoscaled-past-the-stream-cap", "64"),
+                                               ("large-whole-numbers", "64"), ("estimator-scaled-to-zero", "8"),
                                                ("in-process", None)])
 def test_the_router_balances_streams_over_every_estimator_and_predictor_pod(reports: dict[str, Any], case: str,
                                                                             streams: str | None) -> None:
-    """The router opens BEAR_ROUTER_UPSTREAM_STREAMS streams to each of the estimator and the predictor, balanced
+    """The router opens BEAR_ROUTER_UPSTREAM_STREAMS streams to each of the estimator and the predictor (four per pod
+    of the larger, as many as either may scale to, in [4, 64]), balanced
     round-robin over the addresses their names resolve to: headless Services, whose DNS names every ready pod (a
     ClusterIP Service's one address would put every stream on whichever pod the first connection reached)."""
     report = reports[case]

@@ -31,14 +31,19 @@
 {{- end -}}
 
 {{/* Streams the router opens to each of the estimator and the predictor, balanced round-robin over their pods (their
-Services are headless): one per estimator pod, as many as it may scale to, at most 16 and at least 1. */}}
+Services are headless): four per pod of the larger of the two, as many pods as either may scale to, at least 4 and at
+most 64. gRPC's picker starts from a random pod each time one connects or goes, so one stream per pod would leave
+some pods without a router's streams for a while; with four, each gets about its share. */}}
 {{- define "bear.upstreamStreams" -}}
-{{- $estimator := .Values.estimator -}}
-{{- $pods := int64 $estimator.replicas -}}
-{{- if $estimator.autoscaling.enabled -}}
-{{- $pods = max $pods (int64 $estimator.autoscaling.maxReplicas) -}}
+{{- $pods := 0 -}}
+{{- range $component := list "estimator" "predictor" -}}
+{{- $values := index $.Values $component -}}
+{{- $pods = max $pods (int64 $values.replicas) -}}
+{{- if $values.autoscaling.enabled -}}
+{{- $pods = max $pods (int64 $values.autoscaling.maxReplicas) -}}
 {{- end -}}
-{{- min 16 (max 1 $pods) -}}
+{{- end -}}
+{{- min 64 (max 4 (mul 4 $pods)) -}}
 {{- end -}}
 
 {{- define "bear.estimatorEnv" -}}
