@@ -13,6 +13,9 @@ class InvalidState(ValueError):
 
 
 MAX_BLOCK_SIZE = 65_536  # tokens per KV block at most (vLLM uses tens to hundreds; the core's memory grows with it)
+# max_model_len and max_num_batched_tokens at most (the longest contexts served are ~10M tokens): a step's eq. 12
+# features, Σ prefill · (context + (prefill + 1) / 2), then stay far inside the core's 64-bit integers
+MAX_ENGINE_TOKENS = 2**28
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
@@ -128,6 +131,8 @@ def check_state(state: InstanceState) -> None:
     _require(len(state.running) <= engine.max_num_seqs,
              f"{len(state.running)} running requests, more than engine.max_num_seqs ({engine.max_num_seqs})")
     _require(engine.max_model_len >= 2, "engine.max_model_len must be >= 2")
+    _require(max(engine.max_model_len, engine.max_num_batched_tokens) <= MAX_ENGINE_TOKENS,
+             f"engine: max_model_len and max_num_batched_tokens must be at most {MAX_ENGINE_TOKENS}")
     _require(engine.long_prefill_token_threshold >= 0, "engine.long_prefill_token_threshold must be >= 0")
     _require(0.0 <= engine.watermark < 1.0, "engine.watermark must be in [0, 1)")
     _require(0 <= state.free_blocks <= engine.num_gpu_blocks, "free_blocks must be in [0, num_gpu_blocks]")

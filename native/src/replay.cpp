@@ -15,6 +15,7 @@ namespace {
 using sim::cdiv;
 
 constexpr int64_t kMaxBlockSize = 65536;  // bear.core.state.MAX_BLOCK_SIZE
+constexpr int64_t kMaxEngineTokens = int64_t{1} << 28;  // bear.core.state.MAX_ENGINE_TOKENS
 
 void require(bool ok, const char* message) {
   if (!ok) throw std::invalid_argument(message);
@@ -79,6 +80,9 @@ void validate(const InstanceState& state) {
   // vLLM's block sizes are tens to hundreds of tokens; the core keeps per-token-slot buckets of a block (memory and
   // time grow with it: 2^28 took 6 GB).
   require(cfg.block_size <= kMaxBlockSize, "engine: block_size must be at most 65536");
+  // A step's features (Σ prefill · (context + (prefill + 1) / 2)) must stay far inside int64.
+  require(cfg.max_model_len <= kMaxEngineTokens && cfg.max_num_batched_tokens <= kMaxEngineTokens,
+          "engine: max_model_len and max_num_batched_tokens must be at most 268435456");
   require(static_cast<int64_t>(state.running.size()) <= cfg.max_num_seqs,
           "more running requests than engine.max_num_seqs");
   require(cfg.watermark >= 0.0 && cfg.watermark < 1.0, "engine: watermark must be in [0, 1)");

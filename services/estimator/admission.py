@@ -6,8 +6,9 @@
   `max_num_seqs + MAX_WAITING_ROWS` rows in all. Adopting a snapshot costs Python work per row on the event loop
   that answers Estimate calls (100,000 rows held it ~1.5 s), so its size is checked first, before anything reads its
   rows.
-- **Values** (`RedisValues`): a registration or snapshot that does not decode, or a member of a sorted set that is
-  not UTF-8, is one bad value to skip (counted), not a reason to give up on the others.
+- **Values** (`RedisValues`): a registration or snapshot that does not decode or names another instance than its
+  key, or a member of a sorted set that is not UTF-8, is one bad value to skip (counted), not a reason to give up on
+  the others.
 
 A value read again at every resync is logged the first time and every 100th (`bear.common.log_throttle`), so that
 it does not flood the log.
@@ -78,13 +79,18 @@ class RedisValues:
         self._logger = logger
         self._throttle = LogThrottle()  # by Redis key
 
-    def message(self, message_type: type[M], payload: bytes | None, key: str) -> M | None:
-        """The message stored under `key`; None when there is none or it does not decode."""
+    def message(self, message_type: type[M], payload: bytes | None, key: str, instance_id: str) -> M | None:
+        """The message stored under `key`, the key of `instance_id`; None when there is none, it does not decode or
+        it names another instance (a value under one instance's key must not speak for another, or for one that
+        does not exist)."""
         if payload is None:
             return None
         message = parsed(message_type, payload)
         if message is None:
             self._skip(key, f"the value under {key} is not a {message_type.__name__}")
+        elif (named := getattr(message, "instance_id")) != instance_id:
+            self._skip(key, f"the {message_type.__name__} under {key} is of instance {named!r}")
+            return None
         else:
             self._throttle.ok(key)
         return message

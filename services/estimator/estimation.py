@@ -10,7 +10,9 @@ ahead of the query — those dispatched more than DISPATCH_TRANSIT_S before the 
 (`read_at_s` of an idle engine's snapshot) excepted: a request that should have reached the engine by then and is not
 in its state never did (never sent, refused by vLLM), and would otherwise make an idle instance look busy for as long
 as it stays idle. Residents' remaining output lengths come from their predicted length at dispatch, conditioned on
-what they have generated (`RemainingTokens`). A missing or too old snapshot falls back to the LPS closed form.
+what they have generated (`RemainingTokens`). A missing or too old snapshot falls back to the LPS closed form. A snapshot of a queue longer than the snapshotter
+writes (`num_omitted_waiting`) has the requests it leaves out prefill ahead of the query (`_behind_omitted`): a lower
+bound.
 On an engine with prefix caching (its snapshot says), the query, the requests dispatched since the snapshot and the
 snapshot's waiting requests are admitted with the part of their prompt the instance's prefix cache likely holds
 (`PrefixIndex`, fed by the prompts routed there: the router names each prompt's prefix blocks), and prefill the rest.
@@ -69,6 +71,9 @@ _ResidentGroups = dict[str, tuple[list[snapshot_pb2.RequestState], np.ndarray, n
 MAX_CLOCK_AHEAD_S = 5.0  # how far a snapshot's times may be ahead of the estimator's clock (hosts' clock skew)
 PEER_KV_BLOCKS_TOLERANCE = 0.1  # a peer's KV cache may differ by this fraction (the same GPU and memory share)
 FEED_OUTAGE_GRACE_S = 10.0  # snapshots this much older than the limit still replay while Redis is unreachable
+# A replayed time beyond this (~30 years) comes of coefficients or a speed ratio no engine has (times overflow), not
+# of any queue: no estimate.
+MAX_REPLAYED_S = 1e9
 DISPATCH_TRANSIT_S = 0.5  # a routed request reaches the engine's queue within this (client, API server, tokenising)
 
 
@@ -165,11 +170,27 @@ class _Dispatches:
             self.changes += 1
 
 
+@dataclass(frozen=True, slots=True)
+class _Omitted:
+    """The waiting requests a snapshot leaves out (the snapshotter writes the head of a queue longer than its rows)."""
+
+    count: int
+    tokens_each: int | None  # what each is taken to prefill: the written waiting rows' mean (None: none written)
+
+    @staticmethod
+    def of(snapshot: snapshot_pb2.InstanceSnapshot) -> _Omitted | None:
+        if not snapshot.num_omitted_waiting:
+            return None
+        written = [r.num_prompt_tokens + r.num_output_tokens for r in snapshot.waiting]  # a preempted one recomputes
+        return _Omitted(snapshot.num_omitted_waiting, max(1, round(sum(written) / len(written))) if written else None)
+
+
 @dataclass(slots=True)
 class _Instance:
     model: str
     snapshot: snapshot_pb2.InstanceSnapshot | None = None
     prepared: PreparedState | None = None
+    omitted: _Omitted | None = None  # waiting requests `snapshot` leaves out, if it leaves out any
     pending_decode_tokens: float = 0.0  # Σ residents' remaining output tokens in `prepared`
     prefill_backlog_tokens: int = 0  # Σ residents' remaining prefill tokens in `prepared` (eq. 8)
     step_in_progress: InProgress | None = None  # of `snapshot`
@@ -273,6 +294,7 @@ class Estimator:
                 for r, m in zip(state.waiting, snapshot.waiting, strict=True)))
         prepared = prepare(state)
         instance.snapshot, instance.prepared, instance.refusal = snapshot, prepared, ""
+        instance.omitted = _Omitted.of(snapshot)
         instance.prefill_backlog_tokens = remaining_prefill_tokens(prepared.state)
         instance.step_in_progress = step_in_progress(snapshot)
         instance.pending_decode_tokens = float(sum(lengths.values()))
@@ -332,6 +354,9 @@ class Estimator:
                                                       reason=f"cannot replay: {result}")
                 continue
             estimate = self._from_replay(instance_id, calibration, target, query, age, result)
+            omitted = self._instances[instance_id].omitted
+            if omitted is not None and estimate.method is Method.REPLAY and not estimate.lower_bound:
+                estimate = _behind_omitted(estimate, omitted, target, query)
             if target.query_cached_tokens:
                 estimate = dataclasses.replace(estimate, cached_tokens=target.query_cached_tokens)
             if _idle(target, self._instances[instance_id]):
@@ -429,6 +454,11 @@ class Estimator:
             ttft, lower = result.elapsed_s, True
         else:
             ttft, lower = math.inf, False
+        if result.status is not ReplayStatus.INFEASIBLE and not ttft <= MAX_REPLAYED_S:
+            return TtftEstimate(instance_id, None, Method.NONE, age, result.num_batches,
+                                reason=f"cannot replay: the batch-time model gives {ttft} s, more than "
+                                       f"{MAX_REPLAYED_S:g} s ({calibration.coefficients})",
+                                prefill_tps_ttft_s=prefill_tps)
         return TtftEstimate(instance_id, ttft, Method.REPLAY, age, result.num_batches, lower, result.reason,
                             prefill_tps)
 
@@ -510,6 +540,21 @@ def _cache_hit(instance: _Instance, engine: snapshot_pb2.EngineConfig, prefix_ha
     return prefix_cache_hit(instance.prefixes.cached_tokens(prefix_hashes, before_s), prompt_tokens, engine.block_size)
 
 
+def _behind_omitted(estimate: TtftEstimate, omitted: _Omitted, target: Target, query: Query) -> TtftEstimate:
+    """The estimate of a query that waits, in the queue's order, behind the waiting requests the snapshot left out as
+    well: their prefill (each the written waiting rows' mean, or the query's prompt where none is written), in steps
+    that fill the token budget, added to the replay's TTFT. A lower bound: the residents' decodes that share those
+    steps are not counted."""
+    tokens_each = omitted.tokens_each or query.num_prompt_tokens
+    tokens = omitted.count * tokens_each
+    features = BatchFeatures(tokens, 0, 0, omitted.count * (tokens_each * (tokens_each + 1) // 2))
+    extra_s = target.coefficients.time_s(features, -(-tokens // target.prepared.state.engine.max_num_batched_tokens))
+    why = (f"{omitted.count} waiting requests the snapshot leaves out are ahead of the query: their prefill "
+           f"({tokens_each} tokens each) adds {extra_s * 1000:.3f} ms, at least")
+    return dataclasses.replace(estimate, ttft_s=estimate.ttft_s + extra_s, lower_bound=True,  # type: ignore[operator]
+                               reason=f"{estimate.reason}; {why}" if estimate.reason else why)
+
+
 def _idle(target: Target, instance: _Instance) -> bool:
     """Whether the query finds the engine without work: its snapshot holds no request and no step in progress, and
     no dispatch is on its way. An engine writes its state after every step, so it has then been idle since the
@@ -585,8 +630,9 @@ def step_in_progress(snapshot: snapshot_pb2.InstanceSnapshot) -> InProgress | No
     """The step executing when the snapshot was taken (async scheduling: already counted in the state); None when
     none was executing."""
     step = snapshot.step_in_progress
-    if not step.entries or step.step_index >= snapshot.next_step_index or step.execution_started_at_s <= 0:
+    if (not step.entries or step.step_index >= snapshot.next_step_index
+            or not 0 < step.execution_started_at_s < math.inf):
         return None
     features = BatchFeatures.of_batch([(e.num_prefill_tokens, e.num_decode_tokens, e.num_context_tokens)
                                        for e in step.entries])
-    return InProgress(features, snapshot.taken_at_s - step.execution_started_at_s)
+    return InProgress(features, max(0.0, snapshot.taken_at_s - step.execution_started_at_s))

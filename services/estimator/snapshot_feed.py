@@ -262,9 +262,9 @@ class SnapshotFeed:
         values = await asyncio.wait_for(pipe.execute(), deadline_s) if ids else []
         for instance_id, registration_value, snapshot_value in zip(ids, values[::2], values[1::2], strict=True):
             registration = self._values.message(snapshot_pb2.InstanceRegistration, registration_value,
-                                                redis_keys.instance_key(instance_id))
+                                                redis_keys.instance_key(instance_id), instance_id)
             snapshot = self._values.message(snapshot_pb2.InstanceSnapshot, snapshot_value,
-                                            redis_keys.snapshot_key(instance_id))
+                                            redis_keys.snapshot_key(instance_id), instance_id)
             if registration is None and snapshot is None:
                 continue
             self._track(instance_id, registration.model if registration is not None else "", now).last_seen_s = now
@@ -363,7 +363,7 @@ class SnapshotFeed:
         if snapshot.HasField("batch_time") and coefficients_from_message(snapshot.batch_time) is not None:
             tracked.batch_time = snapshot.batch_time
             tracked.step_time_ratio = snapshot.step_time_ratio
-            if snapshot.batch_time.prefill_tokens_per_s > 0:
+            if 0 < snapshot.batch_time.prefill_tokens_per_s < math.inf:  # 0: not measured yet
                 tracked.prefill_tokens_per_s = snapshot.batch_time.prefill_tokens_per_s
         self._refresh_calibration(instance_id, now)
 

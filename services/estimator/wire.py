@@ -90,7 +90,7 @@ def instance_estimate(estimate: TtftEstimate, facts: InstanceFacts) -> estimator
         reason=reason,
         prefill_tps_ttft_ms=0.0 if estimate.prefill_tps_ttft_s is None else estimate.prefill_tps_ttft_s * 1000,
         num_running=facts.num_running,
-        num_waiting=facts.num_waiting,
+        num_waiting=min(facts.num_waiting, 2**32 - 1),  # written rows + those left out (a uint32 each)
         pending_decode_tokens=facts.pending_decode_tokens,
         cached_prompt_tokens=estimate.cached_tokens,
         idle_ms=None if estimate.idle_s is None else estimate.idle_s * 1000,

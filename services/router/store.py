@@ -24,6 +24,7 @@ the others.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -133,9 +134,9 @@ class RedisStore:
         found = {}
         for instance_id, payload in zip(ids, payloads, strict=True):
             registration = None if payload is None else self._decoded(
-                redis_keys.instance_key(instance_id), wire.registration_from_bytes, payload)
-            if registration is not None and registration.instance_id:
-                found[registration.instance_id] = registration
+                redis_keys.instance_key(instance_id), functools.partial(_registration_of, instance_id), payload)
+            if registration is not None:
+                found[instance_id] = registration
         return found, redis_new
 
     async def close(self) -> None:
@@ -193,3 +194,11 @@ def redis_failure_code(error: BaseException) -> str:
     if isinstance(error, (redis.exceptions.ConnectionError, redis.exceptions.BusyLoadingError, OSError)):
         return "UNAVAILABLE"
     return "INTERNAL"  # a reply Redis refused (ResponseError: a read-only replica, out of memory, ...)
+
+
+def _registration_of(instance_id: str, payload: bytes) -> Registration:
+    """The registration under `instance_id`'s key (ValueError: it names another instance, or none)."""
+    registration = wire.registration_from_bytes(payload)
+    if registration.instance_id != instance_id:
+        raise ValueError(f"a registration of instance {registration.instance_id!r}")
+    return registration

@@ -51,6 +51,26 @@ def test_every_router_sharing_a_redis_sees_it_come_back_empty(redis_server: Redi
     assert rounds == [[True] * 3, [False] * 3, [True] * 3, [False] * 3, [True] * 3, [False] * 3]
 
 
+def test_a_registration_under_another_instances_key_is_skipped(redis_server: RedisServer) -> None:
+    """A value under one instance's key must not register another (or one that does not exist)."""
+    sync = redis.Redis.from_url(redis_server.url)
+    register_instances(sync, THREE_INSTANCES)
+    sync.set(redis_keys.instance_key("small-0"), sync.get(redis_keys.instance_key("large-0")))
+
+    async def scenario() -> dict:
+        client = redis.asyncio.Redis.from_url(redis_server.url)
+        try:
+            return (await RedisStore(client, timeout_s=2.0).registrations())[0]
+        finally:
+            await client.aclose()
+
+    try:
+        found = asyncio.run(scenario())
+    finally:
+        sync.close()
+    assert sorted(found) == ["large-0", "medium-0"] and found["large-0"].model == "Qwen3-32B"
+
+
 def _dispatch(request_id: str, instance_id: str, at_s: float) -> DispatchRecord:
     return DispatchRecord(request_id, instance_id, "m", at_s, prompt_tokens=10, predicted_output_tokens=20.0,
                           predicted_ttft_ms=30.0, ttft_slo_ms=500.0)

@@ -159,6 +159,11 @@ def test_states_vllm_never_has_are_refused_by_both_engines(engine: str) -> None:
     case = parse_case(crowded)
     with pytest.raises(InvalidState, match=r"2 running requests, more than engine.max_num_seqs \(1\)"):
         replay(case.state, case.query, case.coefficients, engine=ReplayEngine(engine))
+    # (QA: a budget and max_model_len of 2**32 - 1 overflowed a step's features in the core: a negative TTFT)
+    for name in ("engine.max_model_len", "engine.max_num_batched_tokens"):
+        vast = parse_case(_with(name, 2**28 + 1))
+        with pytest.raises(InvalidState, match="max_model_len and max_num_batched_tokens must be at most 268435456"):
+            replay(vast.state, vast.query, vast.coefficients, engine=ReplayEngine(engine))
 
 
 def test_the_native_core_refuses_them_too() -> None:
@@ -171,7 +176,8 @@ def test_the_native_core_refuses_them_too() -> None:
     crowded = _with("engine.max_num_seqs", 1)
     crowded["running"].append(dict(crowded["running"][0], id="a2"))
     for case, message in ((parse_case(_with("engine.block_size", 2**20)), "block_size must be at most 65536"),
-                          (parse_case(crowded), "more running requests than engine.max_num_seqs")):
+                          (parse_case(crowded), "more running requests than engine.max_num_seqs"),
+                          (parse_case(_with("engine.max_model_len", 2**28 + 1)), "must be at most 268435456")):
         engine = _native.EngineConfig()
         for field in dataclasses.fields(case.state.engine):
             setattr(engine, field.name, getattr(case.state.engine, field.name))

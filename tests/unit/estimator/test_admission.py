@@ -50,13 +50,25 @@ def test_values_that_do_not_decode_are_skipped_counted_and_logged_once_per_key(
     with caplog.at_level("WARNING", logger="test"):
         for _ in range(3):
             assert values.texts([b"a", b"\xff\xfe", "b"], "set") == ["a", "b"]
-            assert values.message(snapshot_pb2.InstanceRegistration, b"\xff\xff garbage", "key") is None
-        assert values.message(snapshot_pb2.InstanceRegistration, good, "key") == registration("a")
-        assert values.message(snapshot_pb2.InstanceRegistration, b"\xff\xff garbage", "key") is None
-    assert values.message(snapshot_pb2.InstanceRegistration, None, "key") is None
+            assert values.message(snapshot_pb2.InstanceRegistration, b"\xff\xff garbage", "key", "a") is None
+        assert values.message(snapshot_pb2.InstanceRegistration, good, "key", "a") == registration("a")
+        assert values.message(snapshot_pb2.InstanceRegistration, b"\xff\xff garbage", "key", "a") is None
+    assert values.message(snapshot_pb2.InstanceRegistration, None, "key", "a") is None
     assert counts.undecodable_values == 7
     assert [r.getMessage() for r in caplog.records] == [
         "a member of set is not UTF-8 (b'\\xff\\xfe'): skipped (1 times so far)",
         "the value under key is not a InstanceRegistration: skipped (1 times so far)",
         "the value under key is not a InstanceRegistration: skipped (1 times so far)",  # bad again after a good one
     ]
+
+
+def test_a_value_naming_another_instance_than_its_key_is_skipped(caplog: pytest.LogCaptureFixture) -> None:
+    counts = Counts()
+    values = RedisValues(counts, logging.getLogger("test"))
+    with caplog.at_level("WARNING", logger="test"):
+        for _ in range(2):
+            assert values.message(snapshot_pb2.InstanceRegistration, registration("b").SerializeToString(),
+                                  "bear:instance:a", "a") is None
+    assert counts.undecodable_values == 2
+    assert [r.getMessage() for r in caplog.records] == [
+        "the InstanceRegistration under bear:instance:a is of instance 'b': skipped (1 times so far)"]

@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from bear.core.batch_time import BatchFeatures
+from bear.core.batch_time import BatchFeatures, BatchTimeCoefficients
 from bear.core.prefill_throughput import prefill_throughput_ttft_s
 from bear.core.replay import estimate, prepare
 from bear.core.state import Arrival, InvalidState, Query, ResidentRequest
@@ -284,6 +284,19 @@ def test_the_step_in_progress_delays_the_replay_by_its_remaining_time_under_each
         assert (left > 0) == bool(step.entries)
 
 
+@pytest.mark.parametrize("started_at_s", [math.inf, math.nan, -1.0])
+def test_a_step_in_progress_whose_start_is_not_a_time_is_taken_as_none(started_at_s: float) -> None:
+    """(QA: an execution start of +inf was adopted, then made every estimate of the instance fail.)"""
+    message = snapshot("a", NOW, [decoding("r1", 100, 5, placeholders=1)], engine_config=engine(async_scheduling=True))
+    message.next_step_index, message.step_in_progress.step_index = 8, 7
+    message.step_in_progress.execution_started_at_s = started_at_s
+    message.step_in_progress.entries.add(request_id="r1", num_decode_tokens=1, num_context_tokens=105)
+    [got] = estimator_with(message).estimate(Query("q", 100, 10), ["a"], NOW)
+    message.ClearField("step_in_progress")
+    [without] = estimator_with(message).estimate(Query("q", 100, 10), ["a"], NOW)
+    assert got.method is Method.REPLAY and got.ttft_s == without.ttft_s
+
+
 def test_instances_come_and_go() -> None:
     estimator = estimator_with(snapshot("a", NOW, [decoding("r1")]))
     estimator.add_instance("b", "m")
@@ -454,3 +467,37 @@ def test_a_prompt_the_engine_refuses_is_infeasible_however_its_ttft_would_be_est
         assert refused.reason.startswith(prefix) and why in refused.reason
     served = estimator.estimate(Query("q", 1000, 10), ["b"], NOW)[0]  # a prompt it takes: still no estimate
     assert served.ttft_s is None and served.reason == "not calibrated, no LPS parameters"
+
+
+def test_waiting_requests_the_snapshot_leaves_out_delay_the_query_and_make_its_estimate_a_lower_bound() -> None:
+    written = [queued("w1", prompt=300), queued("w2", prompt=500)]
+    complete = estimator_with(snapshot("a", NOW, [decoding("r1")], written))
+    truncated_message = snapshot("a", NOW, [decoding("r1")], written)
+    truncated_message.num_omitted_waiting = 10
+    truncated = estimator_with(truncated_message)
+    query = Query("q", 100, 10)
+    [whole] = complete.estimate(query, ["a"], NOW)
+    [behind] = truncated.estimate(query, ["a"], NOW)
+    # ten more requests of the written ones' mean (400 tokens) prefill ahead of the query: 4000 tokens, two budgets
+    added = COEFFICIENTS.time_s(BatchFeatures(4000, 0, 0, 10 * (400 * 401 // 2)), 2)
+    assert not whole.lower_bound and behind.lower_bound
+    assert behind.ttft_s == pytest.approx(whole.ttft_s + added)
+    assert behind.reason.startswith("10 waiting requests the snapshot leaves out are ahead of the query")
+    nothing_written = snapshot("a", NOW, [decoding("r1")])
+    nothing_written.num_omitted_waiting = 3  # a snapshotter writing no waiting rows: the query's prompt stands in
+    [alone] = estimator_with(snapshot("a", NOW, [decoding("r1")])).estimate(query, ["a"], NOW)
+    [unwritten] = estimator_with(nothing_written).estimate(query, ["a"], NOW)
+    assert unwritten.ttft_s == pytest.approx(
+        alone.ttft_s + COEFFICIENTS.time_s(BatchFeatures(300, 0, 0, 3 * (100 * 101 // 2)), 1))
+
+
+@pytest.mark.parametrize("coefficients", [BatchTimeCoefficients(1e308, 1e308, 0.0, 0.0),
+                                          BatchTimeCoefficients(1e12, 0.0, 0.0, 0.0)])
+def test_coefficients_no_engine_has_give_no_estimate_rather_than_an_absurd_one(
+        coefficients: BatchTimeCoefficients) -> None:
+    estimator = estimator_with(snapshot("a", NOW, [decoding("r1")]), snapshot("b", NOW, [decoding("r2")]))
+    estimator.set_calibration("a", Calibration(coefficients))
+    bad, good = estimator.estimate(Query("q", 100, 10), ["a", "b"], NOW)
+    assert (bad.method, bad.ttft_s) == (Method.NONE, None)
+    assert bad.reason.startswith("cannot replay: the batch-time model gives ") and "more than 1e+09 s" in bad.reason
+    assert good.method is Method.REPLAY and 0 < good.ttft_s < 1

@@ -375,6 +375,39 @@ def test_values_in_redis_that_do_not_decode_are_skipped_once_logged_and_the_othe
         run(test)
 
 
+def test_a_value_under_one_instances_key_naming_another_instance_is_skipped() -> None:
+    async def test(world: World) -> None:
+        await world.publish(snapshot("a", world.clock(), [decoding("r1")]))
+        await world.publish(snapshot("b", world.clock()))
+        # b's snapshot key holds a's snapshot; a's registration key holds a registration of "phantom"
+        await world.redis.set(redis_keys.snapshot_key("b"), snapshot("a", world.clock() + 1).SerializeToString())
+        await world.redis.set(redis_keys.instance_key("a"), registration("phantom").SerializeToString())
+        await world.feed.resync_once()
+        await world.feed.adopt_pending()
+        assert world.estimator.instance_ids() == ["a", "b"] and world.feed.stats.undecodable_values == 2
+        held = world.estimator.snapshot("a")
+        assert world.estimator.snapshot("b") is None and held is not None and held.taken_at_s == world.clock()
+
+    run(test)
+
+
+def test_a_prefill_throughput_that_is_not_a_finite_number_is_not_taken() -> None:
+    async def test(world: World) -> None:
+        for prefill_tokens_per_s in (PREFILL_TOKENS_PER_S, math.inf, 0.0):  # 0: not measured yet
+            world.clock.advance(1.0)
+            message = snapshot("a", world.clock(), [decoding("r1")])
+            message.batch_time.prefill_tokens_per_s = prefill_tokens_per_s
+            await world.publish(message)
+            await world.feed.resync_once()
+            await world.feed.adopt_pending()
+            calibration = world.estimator.calibration("a")
+            assert calibration is not None and calibration.prefill_tokens_per_s == PREFILL_TOKENS_PER_S
+            estimate = world.estimate("a")
+            assert estimate.method is Method.REPLAY and estimate.prefill_tps_ttft_s is not None
+
+    run(test)
+
+
 def test_a_dispatch_member_that_is_not_utf8_is_skipped() -> None:
     async def test(world: World) -> None:
         await world.publish(snapshot("a", world.clock()))
