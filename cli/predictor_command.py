@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bear.cli.arguments import int_in, positive_int, seed
+from bear.cli.writable import make_folder, remove_made
 from bear.predictor.config import MAX_PROMPT_CHARS_LIMIT
 from bear.predictor.training import MAX_TREES, TrainingConfig
 
@@ -87,17 +89,26 @@ def _train(args: argparse.Namespace) -> int:
         if problem is not None:
             hint = "" if args.force or save_problem(args.out, True) else " (use --force to replace it)"
             raise _Usage(f"out: {problem}{hint}")
-        problem = write_problem(args.out)  # before the training, not after
-        if problem is not None:
-            raise _Usage(f"--out: {args.out}: {problem}")
-        catalog = read_catalog(args.catalog, KNOWN_TOKENIZERS) if args.catalog else PAPER_POOL
-        table = read_eval_table(args.evals)
-        start = time.perf_counter()
-        artifact = train(table, catalog, TrainingConfig(num_trees=args.num_trees, seed=args.seed), _progress)
+        parent = Path(os.path.abspath(args.out)).parent
+        try:  # the folders above --out, made for the check below, go again if the command fails
+            made = make_folder(parent)
+        except OSError as error:
+            raise _Usage(f"--out: {args.out}: cannot write in {parent}: {error.strerror or error}") from None
         try:
-            artifact.save(args.out, replace=True)
-        except OSError as error:  # its message would name the sibling it is first written into
-            raise _Usage(f"--out: cannot write {args.out}: {error.strerror or error}") from None
+            problem = write_problem(args.out)  # before the training, not after
+            if problem is not None:
+                raise _Usage(f"--out: {args.out}: {problem}")
+            catalog = read_catalog(args.catalog, KNOWN_TOKENIZERS) if args.catalog else PAPER_POOL
+            table = read_eval_table(args.evals)
+            start = time.perf_counter()
+            artifact = train(table, catalog, TrainingConfig(num_trees=args.num_trees, seed=args.seed), _progress)
+            try:
+                artifact.save(args.out, replace=True)
+            except OSError as error:  # its message would name the sibling it is first written into
+                raise _Usage(f"--out: cannot write {args.out}: {error.strerror or error}") from None
+        except BaseException:
+            remove_made(made)
+            raise
         return {"out": str(args.out), "format_version": FORMAT_VERSION, "models": list(catalog.names),
                 "num_rows": artifact.training["num_rows"], "num_prompts": artifact.training["num_prompts"],
                 "train_s": round(time.perf_counter() - start, 2)}

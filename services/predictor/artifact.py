@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from bear.common import strict_json
 from bear.predictor.catalog import Catalog, CatalogError, parse_catalog
 from bear.predictor.evaluation import ConstantBaseline
 from bear.predictor.features import HASH_DIMENSIONS, PROJECTION_DIMENSIONS, feature_spec
@@ -193,7 +194,7 @@ class PredictorArtifact:
                                             "length_distributions.json", _distribution),
             baselines=_per_model(_decode(texts, folder, "baselines.json"), catalog, folder, "baselines.json",
                                  _baseline),
-            training=json.loads(texts[MANIFEST]).get("training", {}),
+            training=_decode(texts, folder, MANIFEST).get("training", {}),
         )
 
 
@@ -209,8 +210,8 @@ def _verified_files(folder: Path) -> dict[str, str]:
         raise ArtifactError(f"{folder}: not a predictor artifact ({MANIFEST} is missing)")
     try:
         manifest_text = (folder / MANIFEST).read_text(encoding="utf-8")
-        manifest = json.loads(manifest_text)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        manifest = strict_json.loads(manifest_text)
+    except (OSError, UnicodeDecodeError, strict_json.JsonError) as error:
         raise ArtifactError(f"{folder}/{MANIFEST}: unreadable ({error})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ArtifactError(f"{folder}/{MANIFEST}: not a {FORMAT} manifest")
@@ -236,9 +237,9 @@ def _verified_files(folder: Path) -> dict[str, str]:
 
 def _decode(texts: Mapping[str, str], folder: Path, name: str) -> Any:
     try:
-        return json.loads(texts[name])
-    except json.JSONDecodeError as error:
-        raise ArtifactError(f"{folder}/{name}: not valid JSON ({error})") from None
+        return strict_json.loads(texts[name])
+    except strict_json.JsonError as error:
+        raise ArtifactError(f"{folder}/{name}: {error}") from None
 
 
 def _projections(document: Any, catalog: Catalog, folder: Path) -> dict[str, Projection]:

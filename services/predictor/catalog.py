@@ -23,6 +23,7 @@ from bear.common.messages import shown
 from bear.common.prices import MAX_USD_PER_MTOK
 
 TOKENS_PER_MTOK = 1_000_000
+MAX_CATALOG_BYTES = 16 * 2**20  # a catalogue file at most (hundreds of models take tens of KiB)
 MAX_NUMBER = 1e300  # the catalogue's other numbers: finite, with room for the features' arithmetic
 DEFAULT_TOKENIZER = "qwen"
 
@@ -155,6 +156,8 @@ def _model(item: Any, path: str, known_tokenizers: Sequence[str]) -> ModelSpec:
     if name != name.strip():
         raise CatalogError(f"{path}.name: {name!r} has leading or trailing spaces (it would be another model than "
                            f"{name.strip()!r})")
+    if "," in name or not name.isprintable():  # lists of models are comma-separated (--models, BEAR_* settings)
+        raise CatalogError(f"{path}.name: {name!r} holds a comma or a character that does not print")
     tokenizer = item.get("tokenizer", DEFAULT_TOKENIZER)
     if tokenizer not in known_tokenizers:
         raise CatalogError(f"{path}.tokenizer: unknown tokenizer {tokenizer!r}; known: {', '.join(known_tokenizers)}")
@@ -194,7 +197,11 @@ def read_catalog(path: Path, known_tokenizers: Sequence[str]) -> Catalog:
     from bear.common.yaml_files import load_yaml
 
     try:
-        document = load_yaml(path.read_text(encoding="utf-8"))
+        with path.open("rb") as source:
+            data = source.read(MAX_CATALOG_BYTES + 1)
+        if len(data) > MAX_CATALOG_BYTES:
+            raise CatalogError(f"catalog: {path} is larger than {MAX_CATALOG_BYTES} bytes: not a model catalogue")
+        document = load_yaml(data.decode("utf-8"))
     except OSError as error:
         raise CatalogError(f"catalog: cannot read {path}: {error.strerror or error}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as error:

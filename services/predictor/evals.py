@@ -133,6 +133,8 @@ def _read_columns(path: Path) -> tuple[dict[str, list[Any]], bool]:
         raise EvalsError(f"evals: cannot read {path}: {reason}") from None
     except (UnicodeDecodeError, csv.Error) as error:
         raise EvalsError(f"evals: {path} is not a readable {kind} file: {error}") from None
+    except MemoryError:  # a table larger than this machine's memory, or no end to it (/dev/zero)
+        raise EvalsError(f"evals: {path} is too large to read into this machine's memory") from None
 
 
 def _csv_rows(reader: Any, path: Path) -> Iterator[list[str]]:

@@ -85,13 +85,13 @@ class Predictor:
                                   max_tokens: int | None = None) -> float:
         """E[min(L, max_tokens) − g | L > g] for a request of `model` predicted at `predicted_output_tokens` that has
         generated g tokens: >= 1, <= max_tokens − g (bear.predictor.length_distribution)."""
-        distribution = self.artifact.length_distributions[self.catalog.spec(model).name]
+        distribution = self.artifact.length_distributions[self.catalog.resolve(model)]
         return float(distribution.expected_remaining(predicted_output_tokens, generated_tokens, max_tokens))
 
     def expected_remaining_tokens_many(self, model: str, predicted_output_tokens: np.ndarray,
                                        generated_tokens: np.ndarray, max_tokens: np.ndarray | None = None) -> np.ndarray:
         """`expected_remaining_tokens` for many requests of one model at once (max_tokens 0: none)."""
-        distribution = self.artifact.length_distributions[self.catalog.spec(model).name]
+        distribution = self.artifact.length_distributions[self.catalog.resolve(model)]
         caps = None if max_tokens is None else np.where(np.asarray(max_tokens) > 0, max_tokens, UNBOUNDED)
         return distribution.expected_remaining(predicted_output_tokens, generated_tokens, caps)
 

@@ -129,6 +129,15 @@ def test_a_missing_file_is_named(saved: Path) -> None:
         load_predictor(saved)
 
 
+@pytest.mark.parametrize("text, reason", [("[" * 100_000 + "]" * 100_000, "it nests arrays or objects too deeply"),
+                                          ('{"format": ' + "9" * 5000 + "}", "Exceeds the limit")])
+def test_a_manifest_json_cannot_take_is_named(saved: Path, text: str, reason: str) -> None:
+    """(QA: a RecursionError or ValueError traceback; the manifest is the one file no checksum covers.)"""
+    (saved / MANIFEST).write_text(text)
+    with pytest.raises(ArtifactError, match=f"{MANIFEST}: unreadable \\(not valid JSON: {reason}"):
+        load_predictor(saved)
+
+
 def test_another_format_version_is_refused(saved: Path) -> None:
     manifest = json.loads((saved / MANIFEST).read_text())
     manifest["format_version"] = FORMAT_VERSION + 1

@@ -53,6 +53,9 @@ def test_read_catalog_reads_yaml(tmp_path: Path) -> None:
     path.write_text("models:\n  - name: m\n    output_usd_per_mtok: 0.5\n    output_usd_per_mtok: 1.5\n")
     with pytest.raises(CatalogError, match="(?s)models.yaml.*the key 'output_usd_per_mtok' appears a second time"):
         read_catalog(path, KNOWN_TOKENIZERS)
+    # (QA: /dev/zero as the catalogue grew the process until it was killed)
+    with pytest.raises(CatalogError, match=r"catalog: /dev/zero is larger than 16777216 bytes: not a model catalogue"):
+        read_catalog(Path("/dev/zero"), KNOWN_TOKENIZERS)
 
 
 def _with(path: str, value: Any) -> dict[str, Any]:
@@ -76,6 +79,8 @@ def _with(path: str, value: Any) -> dict[str, Any]:
     (_with("0.tokenizer", "gpt2"), r"models\[0\]\.tokenizer: unknown tokenizer 'gpt2'"),
     (_with("1.name", ""), r"models\[1\]\.name: expected a non-empty string"),
     (_with("1.name", " Qwen3-8B"), r"models\[1\]\.name: ' Qwen3-8B' has leading or trailing spaces"),
+    (_with("1.name", "X,Y"), r"models\[1\]\.name: 'X,Y' holds a comma or a character that does not print"),
+    (_with("1.name", "X\nY"), r"models\[1\]\.name: 'X\\nY' holds a comma"),
     (_with("0.price", 1), r"models\[0\]\.price: unknown key"),
     (_with("1.name", "small"), "model 'small' is listed twice"),
     ({"models": []}, "models: expected a non-empty list"),

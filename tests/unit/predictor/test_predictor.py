@@ -71,6 +71,8 @@ def test_expected_remaining_tokens(predictor: Predictor) -> None:
     assert predictor.expected_remaining_tokens("Qwen3-8B", mean, 0) == pytest.approx(mean)
     late = predictor.expected_remaining_tokens("Qwen3-8B", mean, int(2 * mean), max_tokens=int(2 * mean) + 50)
     assert 1 <= late <= 50
+    assert predictor.expected_remaining_tokens("Qwen/Qwen3-8B", mean, 10) == \
+        predictor.expected_remaining_tokens("Qwen3-8B", mean, 10)  # a repository id, as Predict takes it
     with pytest.raises(ValueError, match="max_tokens must exceed generated_tokens"):
         predictor.expected_remaining_tokens("Qwen3-8B", mean, 100, max_tokens=100)
 
