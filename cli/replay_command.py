@@ -99,12 +99,14 @@ def _mean_estimate_us(case, repeat: int) -> tuple[float, int]:  # noqa: ANN001 -
     prepared = prepare(case.state)
     start = time.perf_counter_ns()
     budget_ns = start + int(REPEAT_BUDGET_S * 1e9)
-    runs = 0
+    runs, stride = 0, 1
     while runs < repeat:
         estimate(prepared, case.query, case.coefficients, horizon_s=case.horizon_s,
                  query_cached_tokens=case.query_cached_tokens)
         runs += 1
-        if runs % 64 == 0 and time.perf_counter_ns() > budget_ns:  # a clock read per run would cost ~5% of one
+        if runs == 1 and time.perf_counter_ns() - start < 1_000_000:
+            stride = 64  # a clock read per run would cost ~5% of a run this short
+        if runs % stride == 0 and time.perf_counter_ns() > budget_ns:
             break
     return (time.perf_counter_ns() - start) / runs / 1000.0, runs
 

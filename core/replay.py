@@ -92,6 +92,7 @@ class Target:
 
 
 _ENGINE_FIELDS = tuple(field.name for field in dataclasses.fields(EngineConfig))
+LONGER_THAN_ANY_ENGINE = 2**40  # tokens: more than any max_model_len the replay takes (MAX_ENGINE_TOKENS)
 _ENGINE_COUNTS = ("max_num_batched_tokens", "max_num_seqs", "block_size", "num_gpu_blocks", "max_model_len",
                   "long_prefill_token_threshold")
 # Counts beyond it may wrap the compiled core's 64-bit sums (an instance's blocks, a request's tokens) past its checks.
@@ -153,8 +154,8 @@ def prepare_arrivals(prepared: PreparedState, arrivals: Sequence[Arrival],
 
 def _table(requests: Sequence[ResidentRequest]) -> np.ndarray:
     rows = [
-        (r.num_prompt_tokens, r.num_computed_tokens, r.num_output_tokens, r.remaining_output_tokens,
-         r.num_allocated_blocks, r.max_tokens or 0, r.num_output_placeholders, r.cached_tokens,
+        (r.num_prompt_tokens, r.num_computed_tokens, r.num_output_tokens, _length(r.remaining_output_tokens),
+         r.num_allocated_blocks, _length(r.max_tokens or 0), r.num_output_placeholders, r.cached_tokens,
          r.num_evictable_blocks, r.num_free_blocks_ahead)
         for r in requests
     ]
@@ -251,7 +252,13 @@ def _check_timing(query_time_s: float, in_flight_s: float) -> None:
 
 
 def _native_query(query: Query, cached_tokens: int = 0) -> _native.Query:
-    return _native.Query(query.num_prompt_tokens, query.output_tokens, cached_tokens)
+    return _native.Query(_length(query.num_prompt_tokens), _length(query.output_tokens), cached_tokens)
+
+
+def _length(tokens: int) -> int:
+    """A length as the compiled core's 64-bit integers take it: any past max_model_len (at most MAX_ENGINE_TOKENS)
+    acts alike, a prompt refused and an output ending there, so the longest are capped far inside 64 bits."""
+    return min(tokens, LONGER_THAN_ANY_ENGINE)
 
 
 def _converted_arrivals(arrivals: Sequence[Arrival] | PreparedArrivals) -> Sequence[_native.Arrivals]:

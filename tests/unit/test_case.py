@@ -196,3 +196,19 @@ def test_coefficients_whose_batch_times_overflow_are_refused_not_printed_as_infi
     result = replay(case.state, case.query, case.coefficients, record_batches=True)
     with pytest.raises(CaseError, match="batch_time: the coefficients are too large"):
         result_to_json(result)
+
+
+def test_lengths_past_64_bits_replay_alike_on_both_engines() -> None:
+    """(QA: the compiled core raised a raw OverflowError on a query or a resident's remaining output of 2**64 tokens,
+    which the reference replays: any length past max_model_len acts alike.)"""
+    import dataclasses
+
+    from bear.core.replay import ReplayEngine
+
+    case = parse_case(EXAMPLE)
+    resident = dataclasses.replace(case.state.running[0], remaining_output_tokens=2**64, max_tokens=2**70)
+    state = dataclasses.replace(case.state, running=(resident, *case.state.running[1:]))
+    for query in (dataclasses.replace(case.query, output_tokens=2**64),
+                  dataclasses.replace(case.query, num_prompt_tokens=2**64)):
+        results = [replay(state, query, case.coefficients, engine=engine) for engine in ReplayEngine]
+        assert results[0] == results[1]
