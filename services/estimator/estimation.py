@@ -10,9 +10,9 @@ ahead of the query — those dispatched more than DISPATCH_TRANSIT_S before the 
 (`read_at_s` of an idle engine's snapshot) excepted: a request that should have reached the engine by then and is not
 in its state never did (never sent, refused by vLLM), and would otherwise make an idle instance look busy for as long
 as it stays idle. Residents' remaining output lengths come from their predicted length at dispatch, conditioned on
-what they have generated (`RemainingTokens`). A missing or too old snapshot falls back to the LPS closed form. A snapshot of a queue longer than the snapshotter
-writes (`num_omitted_waiting`) has the requests it leaves out prefill ahead of the query (`_behind_omitted`): a lower
-bound.
+what they have generated (`RemainingTokens`). A missing or too old snapshot falls back to the LPS closed form. A
+snapshot of a queue longer than the snapshotter writes (`num_omitted_waiting`) has the requests it leaves out prefill
+ahead of the query (`_behind_omitted`): a lower bound.
 On an engine with prefix caching (its snapshot says), the query, the requests dispatched since the snapshot and the
 snapshot's waiting requests are admitted with the part of their prompt the instance's prefix cache likely holds
 (`PrefixIndex`, fed by the prompts routed there: the router names each prompt's prefix blocks), and prefill the rest.
@@ -355,7 +355,8 @@ class Estimator:
                 continue
             estimate = self._from_replay(instance_id, calibration, target, query, age, result)
             omitted = self._instances[instance_id].omitted
-            if omitted is not None and estimate.method is Method.REPLAY and not estimate.lower_bound:
+            if (omitted is not None and estimate.method is Method.REPLAY and not estimate.lower_bound
+                    and estimate.ttft_s is not None and math.isfinite(estimate.ttft_s)):  # not where it never comes
                 estimate = _behind_omitted(estimate, omitted, target, query)
             if target.query_cached_tokens:
                 estimate = dataclasses.replace(estimate, cached_tokens=target.query_cached_tokens)
