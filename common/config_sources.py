@@ -122,14 +122,16 @@ def read_config_file(path: Path, known: set[str]) -> dict[str, str]:
     """The file's settings by environment variable name."""
     import yaml
 
-    from bear.common.yaml_files import load_yaml
+    from bear.common.yaml_files import load_yaml, read_settings_file
 
     try:
-        document = load_yaml(path.read_text(encoding="utf-8"), scalars_as_text=True) or {}
+        document = load_yaml(read_settings_file(path), scalars_as_text=True) or {}
     except UnicodeDecodeError as error:
         raise ConfigFileError(f"config file {path}: not UTF-8 text (byte {error.object[error.start]:#04x} at "
                               f"offset {error.start})") from None
-    except (OSError, yaml.YAMLError) as error:
+    except OSError as error:
+        raise ConfigFileError(f"config file {path}: {error.strerror or error}") from None
+    except yaml.YAMLError as error:
         raise ConfigFileError(f"config file {path}: {error}") from None
     if not isinstance(document, Mapping):
         raise ConfigFileError(f"config file {path}: expected a mapping of settings, got {type(document).__name__}")

@@ -27,7 +27,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, parse_qsl, urlsplit
 
 from bear.common.config_sources import env_bool, env_float, is_utf8
 
@@ -117,6 +117,10 @@ def _url_problem(url: str) -> str | None:
         port = 0
     if parts.scheme not in ("redis", "rediss", "unix"):
         return f"must start with redis://, rediss:// or unix://, got {shown!r}"
+    options = [key for key, _ in parse_qsl(parts.query, keep_blank_values=True) if key != "db"]
+    if options:  # the client would take each as a connection argument: a typo fails every call, a timeout overrides
+        return (f"takes no query option but ?db=N, got {options[0]!r} in {shown!r} (the deadline is "
+                f"BEAR_REDIS_TIMEOUT_S, TLS BEAR_REDIS_TLS*, the password the URL's user part or BEAR_REDIS_PASSWORD)")
     db = parse_qs(parts.query).get("db", [""])[-1]  # ?db=N, else (redis://, rediss://) the path /N
     if parts.scheme == "unix":
         if not parts.path:

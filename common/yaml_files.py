@@ -6,9 +6,15 @@ file (`price: 1` near the top, `price: 2` further down, the first one forgotten)
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
+from pathlib import Path
 from typing import Any
 
 import yaml
+
+MAX_FILE_BYTES = 16 * 2**20  # a settings, pools or catalogue file at most (thousands of instances take a few MiB)
 
 
 class DuplicateKeyError(yaml.constructor.ConstructorError):
@@ -58,3 +64,16 @@ def load_yaml(text: str, *, scalars_as_text: bool = False) -> Any:
     """One YAML document, as yaml.safe_load reads it (with `scalars_as_text`, plain scalars other than null stay the
     text written), but a repeated key in any mapping raises DuplicateKeyError."""
     return yaml.load(text, Loader=_TextLoader if scalars_as_text else _StrictLoader)  # noqa: S506 - SafeLoader's
+
+
+def read_settings_file(path: Path | str, max_bytes: int = MAX_FILE_BYTES) -> str:
+    """The UTF-8 text of a file a user names (config, pools, catalogue). Only a regular file of at most `max_bytes`:
+    a FIFO would hold the start (opening it waits for a writer, deaf to signals), /dev/zero would never end. Raises
+    OSError (its strerror saying why) or UnicodeDecodeError."""
+    with open(path, "rb", opener=lambda name, flags: os.open(name, flags | os.O_NONBLOCK)) as source:
+        if not stat.S_ISREG(os.fstat(source.fileno()).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        data = source.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise OSError(errno.EFBIG, f"larger than {max_bytes} bytes")
+    return data.decode("utf-8")

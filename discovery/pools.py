@@ -38,7 +38,7 @@ from urllib.parse import SplitResult, urlsplit
 import yaml
 
 from bear.common.prices import PRICE_RANGE, price_ok
-from bear.common.yaml_files import load_yaml
+from bear.common.yaml_files import load_yaml, read_settings_file
 
 DEFAULT_HTTP_PORT = 8000
 DEFAULT_SNAPSHOTTER_GRPC_PORT = 50071
@@ -83,7 +83,7 @@ class PoolSpec:
 
 def load_pools_file(path: str | Path) -> tuple[PoolSpec, ...]:
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_settings_file(path)
     except OSError as error:
         raise PoolsFileError(f"cannot read the pools file {path}: {error.strerror or error}") from None
     except UnicodeDecodeError as error:

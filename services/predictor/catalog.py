@@ -23,7 +23,6 @@ from bear.common.messages import shown
 from bear.common.prices import MAX_USD_PER_MTOK
 
 TOKENS_PER_MTOK = 1_000_000
-MAX_CATALOG_BYTES = 16 * 2**20  # a catalogue file at most (hundreds of models take tens of KiB)
 MAX_NUMBER = 1e300  # the catalogue's other numbers: finite, with room for the features' arithmetic
 DEFAULT_TOKENIZER = "qwen"
 
@@ -194,14 +193,10 @@ def read_catalog(path: Path, known_tokenizers: Sequence[str]) -> Catalog:
     """A catalogue from a YAML (or JSON) file."""
     import yaml
 
-    from bear.common.yaml_files import load_yaml
+    from bear.common.yaml_files import load_yaml, read_settings_file
 
     try:
-        with path.open("rb") as source:
-            data = source.read(MAX_CATALOG_BYTES + 1)
-        if len(data) > MAX_CATALOG_BYTES:
-            raise CatalogError(f"catalog: {path} is larger than {MAX_CATALOG_BYTES} bytes: not a model catalogue")
-        document = load_yaml(data.decode("utf-8"))
+        document = load_yaml(read_settings_file(path))
     except OSError as error:
         raise CatalogError(f"catalog: cannot read {path}: {error.strerror or error}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as error:

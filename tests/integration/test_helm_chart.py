@@ -125,7 +125,7 @@ GOOD_CASES: dict[str, tuple[list[str], dict[str, Any]]] = {
     "pipeline-parallel-shortest-abbreviation": ([], {"vllm": {"extraArgs": ["--pi=4"]}, "pools": [
         _pool(name="a", gpusPerReplica=4)]}),
     "redis-url-highest-port-and-a-database-query": ([], {"redis": {"enabled": False,
-                                                                   "url": "redis://[fd00::5]:65535?db=2&x=1"}}),
+                                                                   "url": "redis://[fd00::5]:65535?db=2"}}),
     "disruption-budgets-in-percent": ([], {"vllm": {"podDisruptionBudget": {"enabled": True, "maxUnavailable": "100%"}},
                                            "router": {"podDisruptionBudget": {"enabled": True, "maxUnavailable": "0%"}},
                                            "estimator": {"podDisruptionBudget": {"enabled": True,
@@ -839,7 +839,8 @@ def test_both_containers_of_an_engine_pod_name_the_same_region(reports: dict[str
     "redis://r", "redis://r:1", "redis://r:65535/15", "redis://r:06379/0", "rediss://u:p@r:6380/0",
     "redis://[fd00::5]:6379/0", "redis://r:6379?db=2", "redis://r?x=1&db=3", "redis://r?db=", "redis://r/",
     "redis://r:0/0", "redis://r:99999/0", "redis://r:65536", "redis://r:6379?db=x", "redis://r?a=1&db=x",
-    "redis://r?db=1&db=x", "redis://r:6379/cache", "redis://", "redis://r:notaport/0", "redis://r?db=1+"])
+    "redis://r?db=1&db=x", "redis://r:6379/cache", "redis://", "redis://r:notaport/0", "redis://r?db=1+",
+    "redis://r?socket_timeout=5", "redis://r?db=1&x", "redis://r?db&db=2", "redis://r?"])
 def test_the_schema_takes_a_redis_url_where_bears_services_do(url: str) -> None:
     """redis.url's pattern against bear.common.redis_config, which every pod runs at start."""
     from bear.common.redis_config import RedisConfig

@@ -89,6 +89,10 @@ def test_inconsistent_settings_are_refused(settings: dict[str, object]) -> None:
     ("unix:///run/redis.sock?db=x", "the database must be a number >= 0, got 'x'"),
     ("unix://", "a unix:// URL names the socket"),
     ("redis://[::1/0", "Invalid IPv6 URL"),
+    # (QA: the client takes each query option as a connection argument: a typo failed every call of a service that
+    # had started, and socket_timeout overrode BEAR_REDIS_TIMEOUT_S and its cap)
+    ("redis://cache:6379/0?bogus=1", "takes no query option but ?db=N, got 'bogus'"),
+    ("redis://cache:6379?db=1&socket_timeout=nan", "takes no query option but ?db=N, got 'socket_timeout'"),
 ])
 def test_a_url_the_client_could_not_use_as_written_is_refused_naming_the_setting(url: str, problem: str) -> None:
     with pytest.raises(ValueError, match=re.escape(f"BEAR_REDIS_URL (--redis-url): {problem}")):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -38,3 +40,23 @@ def test_a_key_named_twice_is_refused_with_both_lines(text: str, key: str, first
 def test_it_constructs_no_python_objects() -> None:
     with pytest.raises(yaml.constructor.ConstructorError):
         load_yaml("!!python/object/apply:os.system ['true']\n")
+
+
+def test_a_settings_file_is_a_regular_file_of_bounded_size(tmp_path: Path) -> None:
+    """(QA: a FIFO as the pools file held the router's start for ever, deaf to SIGTERM; /dev/zero as a pools, config
+    or catalogue file grew the process until it was killed.)"""
+    import os
+
+    from bear.common.yaml_files import read_settings_file
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/zero"), tmp_path):
+        with pytest.raises(OSError) as raised:
+            read_settings_file(path)
+        assert raised.value.strerror in ("not a regular file", "Is a directory")
+    large = tmp_path / "large.yaml"
+    large.write_text("a: 1\n" * 10)
+    assert read_settings_file(large, max_bytes=50) == "a: 1\n" * 10
+    with pytest.raises(OSError, match="larger than 49 bytes"):
+        read_settings_file(large, max_bytes=49)
