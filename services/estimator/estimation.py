@@ -353,14 +353,14 @@ class Estimator:
                 estimates[instance_id] = TtftEstimate(instance_id, None, Method.NONE, age,
                                                       reason=f"cannot replay: {result}")
                 continue
+            instance = self._instances[instance_id]
             estimate = self._from_replay(instance_id, calibration, target, query, age, result)
-            omitted = self._instances[instance_id].omitted
-            if (omitted is not None and estimate.method is Method.REPLAY and not estimate.lower_bound
+            if (instance.omitted is not None and estimate.method is Method.REPLAY and not estimate.lower_bound
                     and estimate.ttft_s is not None and math.isfinite(estimate.ttft_s)):  # not where it never comes
-                estimate = _behind_omitted(estimate, omitted, target, query)
+                estimate = _behind_omitted(estimate, instance.omitted, target, query)
             if target.query_cached_tokens:
                 estimate = dataclasses.replace(estimate, cached_tokens=target.query_cached_tokens)
-            if _idle(target, self._instances[instance_id]):
+            if _idle(target, instance):
                 estimate = dataclasses.replace(estimate, idle_s=max(0.0, target.query_time_s))
             notes = [f"not calibrated yet: eq. 12 coefficients of {borrowed_from} (same model and engine)"] \
                 if borrowed_from else []

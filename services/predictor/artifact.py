@@ -175,7 +175,7 @@ class PredictorArtifact:
     @staticmethod
     def load(folder: Path | str) -> PredictorArtifact:
         folder = Path(folder)
-        texts = _verified_files(folder)
+        texts, manifest = _verified_files(folder)
         stored_spec, current_spec = _decode(texts, folder, "features.json"), feature_spec()
         if stored_spec != current_spec:
             differing = sorted(k for k in {*stored_spec, *current_spec} if stored_spec.get(k) != current_spec.get(k))
@@ -194,11 +194,12 @@ class PredictorArtifact:
                                             "length_distributions.json", _distribution),
             baselines=_per_model(_decode(texts, folder, "baselines.json"), catalog, folder, "baselines.json",
                                  _baseline),
-            training=_decode(texts, folder, MANIFEST).get("training", {}),
+            training=manifest.get("training", {}),
         )
 
 
-def _verified_files(folder: Path) -> dict[str, str]:
+def _verified_files(folder: Path) -> tuple[dict[str, str], dict[str, Any]]:
+    """The artifact's files' texts, each checked against the manifest's checksum, and the manifest."""
     try:
         is_folder = folder.is_dir()
     except OSError as error:  # a name the file system refuses (too long)
@@ -232,7 +233,7 @@ def _verified_files(folder: Path) -> dict[str, str]:
         if _sha256(text) != files[name]:
             raise ArtifactError(f"{folder}/{name}: corrupt (its SHA-256 differs from the manifest's)")
         texts[name] = text
-    return texts
+    return texts, manifest
 
 
 def _decode(texts: Mapping[str, str], folder: Path, name: str) -> Any:
