@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
-from bear.snapshotter.region import Capacities, EngineSettings
+from bear.snapshotter.region import STATE, STATE_OFFSET, Capacities, EngineSettings
 from bear.snapshotter.writer import CachedPrefixes, RegionWriter
 
 ENGINE = EngineSettings(max_num_batched_tokens=2048, max_num_seqs=8, block_size=16, num_gpu_blocks=999,
@@ -81,8 +81,37 @@ class FakeEngine:
             self.requests.pop(request_id, None)
             self.blocks.pop(request_id, None)
 
+    def rewrite_state(self, **changes: float) -> None:
+        """Overwrites fields of the state's STATE section (names as `StateFields`) in one write, as a plugin with a
+        bug or a foreign writer might."""
+        values = StateFields(*STATE.unpack_from(self.writer._map, STATE_OFFSET))
+        for name, value in changes.items():
+            setattr(values, name, value)
+        self.writer._begin()
+        STATE.pack_into(self.writer._map, STATE_OFFSET, *(getattr(values, f.name) for f in fields(StateFields)))
+        self.writer._end()
+
 
 def small_capacities(**overrides: int) -> Capacities:
     values = dict(max_rows=8, max_step_entries=8, num_ring_steps=4, max_slots=32, max_id_bytes=32)
     values.update(overrides)
     return Capacities(**values)
+
+
+@dataclass
+class StateFields:
+    """The STATE section's fields in order (`bear.snapshotter.region`)."""
+
+    flags: int
+    num_free_blocks: int
+    num_running: int
+    num_waiting: int
+    num_running_rows: int
+    num_waiting_rows: int
+    num_slots_used: int
+    written_at_s: float
+    next_step_index: int
+    num_scheduled_steps: int
+    num_processed_steps: int
+    num_errors: int
+    num_writes: int

@@ -23,7 +23,7 @@ from google.protobuf.message import DecodeError, Message
 
 from bear.common.log_throttle import LogThrottle
 from bear.estimator.estimation import time_fault
-from bear.snapshotter.config import MAX_WAITING_ROWS_LIMIT
+from bear.snapshotter.region import MAX_WAITING_ROWS_LIMIT
 from bear.v1 import snapshot_pb2
 
 # The most rows beyond the running ones any snapshotter writes: its region holds max_num_seqs + max_waiting_rows

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from bear.common.messages import shown
 from bear.routing.contract import MAX_WEIGHT
 
-MAX_REQUEST_ID_BYTES = 128  # the snapshot region keeps request ids up to this length
+MAX_REQUEST_ID_BYTES = 128  # the snapshot region keeps vLLM's ids of these whole (BEAR_SNAPSHOT_MAX_ID_BYTES)
 # A request id travels to vLLM as the X-Request-Id header and comes back in its snapshots: visible ASCII only (no
 # spaces or control characters, which HTTP would refuse or alter, and the estimator would then not recognise).
 _REQUEST_ID = re.compile(r"[!-~]+")

@@ -17,15 +17,13 @@ from dataclasses import dataclass, field
 from bear.common.config_sources import grpc_target_problem, is_utf8, port_problem
 from bear.common.prices import PRICE_RANGE, price_ok
 from bear.common.redis_config import RedisConfig
+from bear.snapshotter.region import MAX_ID_BYTES, MAX_RING_STEPS, MAX_WAITING_ROWS_LIMIT
 
 DEFAULT_REGION = "bear-snapshot"
 
 
 MAX_REGION_NAME_BYTES = 200  # the region file's name (the last part of a path): a DP rank's -dp<r> and the
 # temporary file's .<pid>.tmp go on it, within the 255 bytes a file name may have
-MAX_WAITING_ROWS_LIMIT = 65_536  # BEAR_SNAPSHOT_MAX_WAITING at most: estimators refuse snapshots with more rows
-MAX_RING_STEPS = 65_536  # BEAR_SNAPSHOT_RING_STEPS at most (a million steps made a 7 GB region in /dev/shm)
-MAX_ID_BYTES = 4096  # BEAR_SNAPSHOT_MAX_ID_BYTES at most (every row and step entry reserves this much)
 MAX_CALIBRATION_WINDOW = 100_000  # BEAR_CALIBRATION_WINDOW at most: steps kept in memory (~300 bytes each), refitted
 MAX_POLL_INTERVAL_MS = 60_000.0  # BEAR_SNAPSHOTTER_POLL_INTERVAL_MS at most (a region read at least once a minute)
 MAX_ENGINE_HEALTH_TIMEOUT_S = 60.0  # BEAR_ENGINE_HEALTH_TIMEOUT_S at most
@@ -40,7 +38,9 @@ class PluginConfig:
     region: str = DEFAULT_REGION  # BEAR_SNAPSHOT_REGION: a file in /dev/shm, or a path (DP rank r > 0 adds -dp<r>)
     max_waiting_rows: int = 1024  # BEAR_SNAPSHOT_MAX_WAITING: rows for waiting requests (running ones: max_num_seqs)
     ring_steps: int = 128  # BEAR_SNAPSHOT_RING_STEPS: step records kept for calibration and the steps in flight
-    max_id_bytes: int = 128  # BEAR_SNAPSHOT_MAX_ID_BYTES: longer request ids are cut (and flagged)
+    # BEAR_SNAPSHOT_MAX_ID_BYTES: longer request ids are cut (and flagged). vLLM's id of a request is the router's
+    # (at most 128 bytes) between a prefix and a random suffix: cmpl-<id>-<prompt index>-<8 hex> at most ~150 bytes.
+    max_id_bytes: int = 160
 
     def __post_init__(self) -> None:
         problem = region_problem(self.region)

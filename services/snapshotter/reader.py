@@ -8,11 +8,14 @@ restarts: when the file at the path is replaced or removed it reopens it, or rep
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
 import time
 from dataclasses import dataclass, replace
+
+from bear.common.messages import described
 
 from bear.snapshotter.region import (ENGINE, ENGINE_OFFSET, HEADER, NO_SLOT, NOT_REPORTED, RECORD_ENTRIES_INCOMPLETE,
                                      RECORD_FOLLOWS_STEP, RECORD_HEAD, SLOT_HEAD, SLOT_ID_TRUNCATED, SLOTS_OFFSET,
@@ -127,12 +130,24 @@ class RegionReader:
         """The region's state if it changed since the last accepted read (or in any case, if not `changed_only`);
         None if unchanged, absent or busy.
 
-        Raises RegionError if the file at the path is not a region this reader understands.
+        Raises RegionError if the file at the path is not a region this reader understands, cannot be read, or holds
+        a state that contradicts itself (that state is then passed over: the next read waits for another write).
         """
+        try:
+            return self._read(changed_only)
+        except RegionError:
+            raise
+        except (OSError, ValueError, MemoryError, struct.error, OverflowError) as error:
+            raise RegionError(f"{self.path}: {described(error)}") from error
+
+    def _read(self, changed_only: bool) -> RegionSnapshot | None:
         if not self._attach():
             return None
         mapping, layout = self._map, self._layout
         assert mapping is not None and layout is not None
+        if mapping.size() < layout.size:  # cut short in place: touching the mapping past its end would kill us
+            self.close()
+            raise RegionError(f"{self.path}: the file shrank below its region's {layout.size} bytes")
         counter = self._counter
         assert counter is not None
         for _ in range(MAX_ATTEMPTS):
@@ -217,6 +232,10 @@ class RegionReader:
         (flags, num_free_blocks, num_running, num_waiting, num_running_rows, num_waiting_rows, _, written_at_s,
          next_step_index, num_scheduled, num_processed, num_errors, num_writes) = STATE.unpack_from(
             fixed, STATE_OFFSET - ENGINE_OFFSET)
+        problem = _state_problem(num_running, num_waiting, num_running_rows, num_waiting_rows, written_at_s,
+                                 num_scheduled, num_processed)
+        if problem:
+            raise RegionError(f"{self.path}: a state that contradicts itself ({problem})")
         slot_table = _SlotTable(slots, layout.slot_size)
         valid = bool(flags & STATE_VALID)
         residents = [slot_table.resident(row) for row in layout.row.iter_unpack(rows)] if valid else []
@@ -272,8 +291,12 @@ class _SlotTable:
             id_len, slot_flags, num_prompt_tokens, max_tokens, arrival_time_s = SLOT_HEAD.unpack_from(self._slots,
                                                                                                       offset)
             start = offset + SLOT_HEAD.size
-            request_id = self._slots[start:start + id_len].decode("utf-8", "replace")
-            decoded = (request_id, num_prompt_tokens, max_tokens, arrival_time_s, bool(slot_flags & SLOT_ID_TRUNCATED))
+            request_id = self._slots[start:start + min(id_len, self._slot_size - SLOT_HEAD.size)].decode("utf-8",
+                                                                                                        "replace")
+            truncated = bool(slot_flags & SLOT_ID_TRUNCATED)
+            if truncated:  # ids that differ only past the cut stay apart: a request keeps its slot while resident
+                request_id = f"{request_id}#{slot}"
+            decoded = (request_id, num_prompt_tokens, max_tokens, arrival_time_s, truncated)
             self._decoded[slot] = decoded
         return decoded
 
@@ -287,6 +310,19 @@ class _SlotTable:
         cached, evictable, ahead = cached_prefix if cached_prefix and cached_prefix[0] != NOT_REPORTED else (None,) * 3
         return RequestRecord(request_id, num_prompt_tokens, max_tokens, arrival_time_s, computed, outputs, blocks,
                              placeholders, preemptions, id_truncated, cached, evictable, ahead)
+
+
+def _state_problem(num_running: int, num_waiting: int, num_running_rows: int, num_waiting_rows: int,
+                   written_at_s: float, num_scheduled: int, num_processed: int) -> str:
+    """What makes a state impossible for the plugin to have written ("" if nothing)."""
+    if num_running_rows > num_running or num_waiting_rows > num_waiting:
+        return (f"{num_running_rows} running and {num_waiting_rows} waiting rows for {num_running} running and "
+                f"{num_waiting} waiting requests")
+    if not math.isfinite(written_at_s):
+        return f"written at {written_at_s}"
+    if num_processed > num_scheduled:
+        return f"{num_processed} steps processed of {num_scheduled} scheduled"
+    return ""
 
 
 def _engine(fixed: bytes) -> EngineSettings:

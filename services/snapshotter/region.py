@@ -52,11 +52,13 @@ increasing when an engine restarts and recreates its region.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
 import time
 from dataclasses import dataclass
+from stat import S_ISREG
 
 MAGIC = b"BEAR"
 VERSION = 2
@@ -68,6 +70,11 @@ SEQUENCE_OFFSET = 8
 ALIVE_AT_OFFSET = 56
 ENGINE = struct.Struct("<6Id4B4xH6x128s")
 MAX_MODEL_NAME_BYTES = 128
+# The most a region may hold beyond the engine's own max_num_seqs (the plugin's settings stay within them; a reader
+# refuses a header past them rather than copy what a damaged or foreign file claims).
+MAX_WAITING_ROWS_LIMIT = 65_536  # rows for waiting requests (BEAR_SNAPSHOT_MAX_WAITING)
+MAX_RING_STEPS = 65_536  # step records (BEAR_SNAPSHOT_RING_STEPS; a million steps made a 7 GB region in /dev/shm)
+MAX_ID_BYTES = 4096  # bytes of a request id (BEAR_SNAPSHOT_MAX_ID_BYTES; every slot reserves this much)
 STATE = struct.Struct("<7I4xdQQQQQ")
 STATE_SLOTS_USED_OFFSET = 24  # inside STATE: num_slots_used
 STATE_STEPS_OFFSET = 48  # inside STATE: num_scheduled_steps, num_processed_steps
@@ -217,25 +224,44 @@ def create_region(path: str, capacities: Capacities) -> tuple[mmap.mmap, Layout,
 
 def open_region(path: str) -> tuple[mmap.mmap, Layout, int]:
     """Maps an existing region read-only and checks its header. Returns the mapping, layout and file inode."""
-    fd = os.open(path, os.O_RDONLY)
+    # Not blocking: a FIFO at the path would hold the open (and the sidecar's poll loop) until a writer came.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         stat = os.fstat(fd)
+        if not S_ISREG(stat.st_mode):
+            raise RegionError(f"{path}: not a regular file")
         if stat.st_size < HEADER.size:
             raise RegionError(f"{path}: {stat.st_size} bytes, too small for a snapshot region")
         mapping = mmap.mmap(fd, stat.st_size, mmap.MAP_SHARED, mmap.PROT_READ)
     finally:
         os.close(fd)
-    magic, version, header_size, _, size, max_id_bytes, max_slots, max_rows, max_entries, num_ring_steps, *_ = (
-        HEADER.unpack_from(mapping, 0))
-    if magic != MAGIC or version not in READABLE_VERSIONS or header_size != HEADER.size:
+    try:
+        return mapping, _checked_layout(path, mapping, stat.st_size), stat.st_ino
+    except RegionError:
         mapping.close()
+        raise
+
+
+def _checked_layout(path: str, mapping: mmap.mmap, file_size: int) -> Layout:
+    (magic, version, header_size, _, size, max_id_bytes, max_slots, max_rows, max_entries, num_ring_steps, _,
+     created_at_s, _) = HEADER.unpack_from(mapping, 0)
+    if magic != MAGIC or version not in READABLE_VERSIONS or header_size != HEADER.size:
         raise RegionError(f"{path}: not a snapshot region of version {' or '.join(map(str, READABLE_VERSIONS))} "
                           f"(magic {magic!r}, version {version})")
-    layout = Layout.of(Capacities(max_rows, max_entries, num_ring_steps, max_slots, max_id_bytes), version)
-    if layout.size != size or size > stat.st_size:
-        mapping.close()
-        raise RegionError(f"{path}: header says {size} bytes, layout needs {layout.size}, file has {stat.st_size}")
-    return mapping, layout, stat.st_ino
+    if not math.isfinite(created_at_s):
+        raise RegionError(f"{path}: its creation time is {created_at_s}")
+    if (max_id_bytes > MAX_ID_BYTES or num_ring_steps > MAX_RING_STEPS
+            or max_rows > max_entries + MAX_WAITING_ROWS_LIMIT
+            or max_slots > 2 * (2 * max_rows + 4 * num_ring_steps)):  # twice the plugin's (recorder)
+        raise RegionError(f"{path}: capacities past what a plugin writes (ids of {max_id_bytes} bytes, {max_slots} "
+                          f"slots, {max_rows} rows, {max_entries} step entries, {num_ring_steps} steps)")
+    try:
+        layout = Layout.of(Capacities(max_rows, max_entries, num_ring_steps, max_slots, max_id_bytes), version)
+    except ValueError as error:
+        raise RegionError(f"{path}: {error}") from None
+    if layout.size != size or size > file_size:
+        raise RegionError(f"{path}: header says {size} bytes, layout needs {layout.size}, file has {file_size}")
+    return layout
 
 
 def _align8(n: int) -> int:

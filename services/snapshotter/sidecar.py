@@ -97,19 +97,26 @@ class Snapshotter:
         self.num_plugin_errors = region.num_errors
         self.num_missed_steps += region.num_missed_steps
         self._calibrate(region, now)
-        if region.valid:
-            self._register_if_new_engine(region)
-            self._set_latest(snapshot_to_proto(region, instance_id=self._config.instance_id, pool=self._config.pool,
-                                               model=self._config.model, read_at_s=now,
-                                               batch_time=self._calibrator.latest,
-                                               step_time_ratio=self._calibrator.recent_time_ratio()))
-            self._offer(now)
+        if not region.valid:
+            # A write that failed half-way: the engine's state is unknown until its next write. The last one is no
+            # longer current, so it is not republished (the estimator then finds it stale and says so).
+            self._set_latest(None)
+            return True
+        self._register_if_new_engine(region)
+        self._set_latest(snapshot_to_proto(region, instance_id=self._config.instance_id, pool=self._config.pool,
+                                           model=self._config.model, read_at_s=now,
+                                           batch_time=self._calibrator.latest,
+                                           step_time_ratio=self._calibrator.recent_time_ratio()))
+        self._offer(now)
         return True
 
     def _read(self, changed_only: bool) -> RegionSnapshot | None:
         try:
             return self._reader.read(changed_only=changed_only)
         except RegionError as error:
+            # Either no region can be read (the instance is withdrawn below) or the engine's latest state cannot:
+            # the one before it is no longer current and is not republished.
+            self._set_latest(None)
             self.num_region_errors += 1
             if self.num_region_errors == 1 or self.num_region_errors % 1000 == 0:
                 logger.warning("snapshot region %s unreadable (%d times): %s", self._reader.path,
@@ -158,8 +165,10 @@ class Snapshotter:
         """Why no live engine is behind the region ("" if one is)."""
         if not self._reader.attached:
             return "no region yet" if self._available is None else "region removed"
-        if now - self._reader.alive_at_s() > self._config.engine_timeout_s:
-            return f"no heartbeat for {self._config.engine_timeout_s:g} s"
+        alive_at_s, timeout_s = self._reader.alive_at_s(), self._config.engine_timeout_s
+        if not now - timeout_s <= alive_at_s <= now + timeout_s:  # a NaN or far-future beat proves nothing either
+            return (f"no heartbeat for {timeout_s:g} s" if alive_at_s < now else
+                    f"its heartbeat says {alive_at_s!r}, not a time of now")
         if not self._engine_healthy():
             return f"its server does not answer {self._config.engine_health_url}"
         return ""

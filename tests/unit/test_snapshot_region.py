@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import math
 import os
+import struct
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
 
+from bear.estimator.request_ids import router_request_id
+from bear.router.query import MAX_REQUEST_ID_BYTES
+from bear.snapshotter.config import PluginConfig
 from bear.snapshotter.reader import RegionReader
 from bear.snapshotter.region import (HEADER, SEQUENCE, SEQUENCE_OFFSET, Capacities, Layout, RegionError,
                                      open_region)
@@ -72,12 +80,30 @@ def test_running_requests_beyond_the_region_leave_out_the_whole_queue(path: str)
     assert [r.request_id for r in snapshot.running] == ["r0", "r1"] and snapshot.waiting == ()
 
 
-def test_long_ids_are_cut_and_flagged(path: str) -> None:
+def test_long_ids_are_cut_and_flagged_and_stay_apart(path: str) -> None:
     engine = FakeEngine(path, small_capacities(max_id_bytes=8))
-    engine.write_state([decoding("exactly8"), decoding("much-longer-than-eight")])
+    engine.write_state([decoding("exactly8"), decoding("much-longer-than-eight"), decoding("much-longer-still")])
     snapshot = RegionReader(path).read()
     assert snapshot is not None
-    assert [(r.request_id, r.id_truncated) for r in snapshot.running] == [("exactly8", False), ("much-lon", True)]
+    # Cut at the same 8 bytes, two ids would be one, and the estimator refuses a state whose ids repeat: a cut id
+    # carries its slot, which a request keeps while it is resident.
+    assert [(r.request_id, r.id_truncated) for r in snapshot.running] == [
+        ("exactly8", False), ("much-lon#1", True), ("much-lon#2", True)]
+    engine.write_state([decoding("much-longer-still")])
+    again = RegionReader(path).read()
+    assert again is not None and [r.request_id for r in again.running] == ["much-lon#2"]
+
+
+def test_the_default_id_room_keeps_vllms_ids_of_the_longest_router_ids(path: str) -> None:
+    # vLLM's engine id is the router's request id (X-Request-Id, up to MAX_REQUEST_ID_BYTES) with a prefix and a
+    # random suffix; cut, it would match no dispatch record.
+    router_id = "r" * MAX_REQUEST_ID_BYTES
+    engine_ids = [f"chatcmpl-{router_id}-1a2b3c4d", f"cmpl-{router_id}-123-1a2b3c4d"]
+    engine = FakeEngine(path, small_capacities(max_id_bytes=PluginConfig().max_id_bytes))
+    engine.write_state([decoding(engine_id) for engine_id in engine_ids])
+    snapshot = RegionReader(path).read()
+    assert snapshot is not None
+    assert [router_request_id(r.request_id) for r in snapshot.running] == [router_id, router_id]
 
 
 def test_without_free_slots_the_state_stops_at_the_first_request_left_out(path: str) -> None:
@@ -260,7 +286,7 @@ def test_the_writer_replaces_a_region_atomically_and_removes_it_on_close(path: s
     assert not Path(path).exists()
 
 
-@pytest.mark.parametrize("damage", ["magic", "version", "size"])
+@pytest.mark.parametrize("damage", ["magic", "version", "size", "no rows", "creation time", "slots", "id bytes"])
 def test_a_file_that_is_not_a_region_is_refused(path: str, damage: str) -> None:
     FakeEngine(path, small_capacities())
     data = bytearray(Path(path).read_bytes())
@@ -268,8 +294,14 @@ def test_a_file_that_is_not_a_region_is_refused(path: str, damage: str) -> None:
         data[0:4] = b"NOPE"
     elif damage == "version":
         data[4] = 99
-    else:
+    elif damage == "size":
         data = data[:HEADER.size + 10]
+    elif damage == "no rows":
+        struct.pack_into("<I", data, 32, 0)  # max_rows: Capacities refuses it (a ValueError before)
+    elif damage == "creation time":
+        struct.pack_into("<d", data, 48, math.nan)  # never equal to itself: the engine looked new at every state
+    else:  # capacities past any plugin's: every read would copy what they claim (a sparse file costs nothing)
+        struct.pack_into("<I", data, 28 if damage == "slots" else 24, 2**31)
     Path(path).write_bytes(bytes(data))
     with pytest.raises(RegionError):
         RegionReader(path).read()
@@ -281,3 +313,68 @@ def test_capacities_are_checked(bad: dict[str, int]) -> None:
     values.update(bad)
     with pytest.raises(ValueError):
         Capacities(**values)
+
+
+def test_a_fifo_or_a_symlink_loop_at_the_path_is_refused_at_once(path: str) -> None:
+    os.mkfifo(path)  # opened for reading, it would wait for a writer (the sidecar's poll loop with it, for ever)
+    done = threading.Event()
+
+    def read() -> None:
+        with pytest.raises(RegionError, match="not a regular file"):
+            RegionReader(path).read()
+        done.set()
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    thread.join(5.0)
+    if not done.is_set():
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))  # let the reader go
+    assert done.is_set()
+    os.remove(path)
+    os.symlink(path, path)
+    with pytest.raises(RegionError, match="symbolic links"):  # an OSError before
+        RegionReader(path).read()
+
+
+def test_a_region_cut_short_in_place_is_refused_not_a_crash(path: str) -> None:
+    # Touching a mapping past the end of its file raises SIGBUS, which kills the process: run it in one of its own.
+    script = f"""
+import os, sys
+from bear.snapshotter.reader import RegionReader
+from bear.snapshotter.region import RegionError
+from tests.region_builders import FakeEngine, decoding, small_capacities
+engine = FakeEngine({path!r}, small_capacities())
+engine.write_state([decoding("a")])
+reader = RegionReader({path!r})
+assert reader.read() is not None
+os.truncate({path!r}, 0)
+try:
+    reader.read()
+except RegionError as error:
+    print("refused:", error)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr
+    assert "refused:" in done.stdout and "shrank" in done.stdout
+
+
+@pytest.mark.parametrize("contradiction", [
+    dict(num_waiting=0),  # one waiting row for no waiting request
+    dict(num_running=1),  # two running rows for one
+    dict(written_at_s=math.nan),
+    dict(num_processed_steps=2**40),  # past the scheduled steps: calibration would have taken no step ever after
+])
+def test_a_state_that_contradicts_itself_is_refused_and_the_next_one_read(path: str,
+                                                                          contradiction: dict[str, float]) -> None:
+    engine = FakeEngine(path, small_capacities())
+    engine.write_state([decoding("a"), decoding("b")], [waiting("c")])
+    reader = RegionReader(path)
+    assert reader.read() is not None
+    engine.rewrite_state(**contradiction)
+    with pytest.raises(RegionError, match="contradicts itself"):
+        reader.read()
+    assert reader.read() is None  # passed over, not refused again at every poll
+    engine.write_state([decoding("a")])
+    snapshot = reader.read()
+    assert snapshot is not None and [r.request_id for r in snapshot.running] == ["a"]
