@@ -60,7 +60,7 @@ def arrival_statistics(arrival_times_s: Sequence[float]) -> tuple[float, float]:
         raise ValueError("arrival statistics need at least three distinct arrival times")
     gaps = np.diff(times)
     mean = float(gaps.mean())
-    return 1.0 / mean, float(gaps.var() / mean**2)
+    return 1.0 / mean, float((gaps / mean).var())  # not gaps.var() / mean²: the square overflows for wide gaps
 
 
 def _require(ok: bool, name: str) -> None:

@@ -120,21 +120,26 @@ class Arrival:
     request: ResidentRequest  # as waiting: no computed tokens, blocks or placeholders
 
 
-def check_state(state: InstanceState) -> None:
-    """Raises InvalidState unless the replay can run on `state` (the compiled core checks the same)."""
-    engine = state.engine
+def check_engine(engine: EngineConfig) -> None:
+    """Raises InvalidState unless the replay can run with these engine settings."""
     _require(
         min(engine.max_num_batched_tokens, engine.max_num_seqs, engine.block_size, engine.num_gpu_blocks) >= 1,
         "engine: max_num_batched_tokens, max_num_seqs, block_size and num_gpu_blocks must be >= 1",
     )
     _require(engine.block_size <= MAX_BLOCK_SIZE, f"engine.block_size must be at most {MAX_BLOCK_SIZE}")
-    _require(len(state.running) <= engine.max_num_seqs,
-             f"{len(state.running)} running requests, more than engine.max_num_seqs ({engine.max_num_seqs})")
     _require(engine.max_model_len >= 2, "engine.max_model_len must be >= 2")
     _require(max(engine.max_model_len, engine.max_num_batched_tokens) <= MAX_ENGINE_TOKENS,
              f"engine: max_model_len and max_num_batched_tokens must be at most {MAX_ENGINE_TOKENS}")
     _require(engine.long_prefill_token_threshold >= 0, "engine.long_prefill_token_threshold must be >= 0")
     _require(0.0 <= engine.watermark < 1.0, "engine.watermark must be in [0, 1)")
+
+
+def check_state(state: InstanceState) -> None:
+    """Raises InvalidState unless the replay can run on `state` (the compiled core checks the same)."""
+    engine = state.engine
+    check_engine(engine)
+    _require(len(state.running) <= engine.max_num_seqs,
+             f"{len(state.running)} running requests, more than engine.max_num_seqs ({engine.max_num_seqs})")
     _require(0 <= state.free_blocks <= engine.num_gpu_blocks, "free_blocks must be in [0, num_gpu_blocks]")
     for queue, requests in (("running", state.running), ("waiting", state.waiting)):
         for index, request in enumerate(requests):

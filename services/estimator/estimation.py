@@ -56,8 +56,8 @@ from bear.core.prefill_throughput import backlog_ttft_s, remaining_prefill_token
 from bear.core.reference import prefix_cache_hit
 from bear.core.replay import PreparedArrivals, PreparedState, Target, estimate_many, prepare, prepare_arrivals
 from bear.core.result import Infeasibility, ReplayStatus, explain, refused_prompt
-from bear.core.state import Arrival, InvalidState, Query, ResidentRequest
-from bear.core.wire import state_from_snapshot
+from bear.core.state import Arrival, InvalidState, Query, ResidentRequest, check_engine
+from bear.core.wire import engine_from_proto, state_from_snapshot
 from bear.estimator.prefix_index import PrefixIndex
 from bear.estimator.remaining import catalogue_name
 from bear.v1 import snapshot_pb2
@@ -262,9 +262,17 @@ class Estimator:
 
     def record_dispatch(self, dispatch: Dispatch) -> None:
         instance = self._instance(dispatch.instance_id)
-        if instance.dispatches.add(dispatch):
+        # Kept as long as dispatches are made, not only while snapshots come (none may be adopted for a while).
+        instance.dispatches.expire(dispatch.dispatched_at_s - MAX_CLOCK_AHEAD_S - self._dispatch_ttl_s)
+        if instance.dispatches.add(dispatch) and not self._refused_by_engine(instance, dispatch.num_prompt_tokens):
             output_tokens = min(dispatch.predicted_output_tokens, dispatch.max_tokens or math.inf)
             instance.prefixes.add(dispatch.prefix_hashes, output_tokens, dispatch.dispatched_at_s)
+
+    @staticmethod
+    def _refused_by_engine(instance: _Instance, num_prompt_tokens: int) -> bool:
+        """Whether the instance's engine refuses a prompt this long at once (its cache then never holds it)."""
+        return (instance.prepared is not None
+                and refused_prompt(instance.prepared.state.engine, num_prompt_tokens) is not Infeasibility.NONE)
 
     def update_snapshot(self, snapshot: snapshot_pb2.InstanceSnapshot, now_s: float,
                         remaining: RemainingTokens | None = None) -> bool:
@@ -282,8 +290,11 @@ class Estimator:
             if snapshot.taken_at_s == current.taken_at_s and snapshot.read_at_s > current.read_at_s:
                 current.read_at_s = snapshot.read_at_s
             return False
-        if current is not None and snapshot.sequence_number < current.sequence_number:
-            instance.prefixes.clear()  # the engine started over (its steps counted from 0): so did its prefix cache
+        # Nothing of the instance changes before the engine's settings are known to be usable (a refused snapshot
+        # leaves the previous one, and what the estimator holds with it, as they were).
+        check_engine(engine_from_proto(snapshot.engine))
+        if current is not None and engine_restarted(snapshot, current):
+            instance.prefixes.clear()  # the engine started over: so did its prefix cache
         instance.prefixes.set_capacity(snapshot.engine.num_gpu_blocks, snapshot.engine.block_size)
         lengths = self._residents_remaining(instance, snapshot, remaining or self._remaining)
         self._forget_admitted_prefixes(instance, snapshot.running)
@@ -597,6 +608,15 @@ def time_fault(snapshot: snapshot_pb2.InstanceSnapshot, now_s: float) -> str | N
         if at_s > now_s + MAX_CLOCK_AHEAD_S:
             return f"{name} is {at_s - now_s:.3f} s ahead of the estimator's clock (at most {MAX_CLOCK_AHEAD_S:g} s)"
     return None
+
+
+def engine_restarted(snapshot: snapshot_pb2.InstanceSnapshot, current: snapshot_pb2.InstanceSnapshot) -> bool:
+    """Whether `snapshot` comes from another run of the engine than `current` (newer): its start time differs, or,
+    where a sidecar does not say it, its steps or states are counted from a lower number (they start from 0)."""
+    if snapshot.engine_started_at_s and current.engine_started_at_s:
+        return snapshot.engine_started_at_s != current.engine_started_at_s
+    return (snapshot.next_step_index < current.next_step_index
+            or snapshot.sequence_number < current.sequence_number)
 
 
 def supersedes(snapshot: snapshot_pb2.InstanceSnapshot, current: snapshot_pb2.InstanceSnapshot,

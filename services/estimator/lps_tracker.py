@@ -30,6 +30,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from bear.core.lps import LpsParameters, arrival_statistics
+from bear.estimator.estimation import MAX_CLOCK_AHEAD_S
 from bear.v1 import snapshot_pb2
 
 MIN_COMPLETIONS = 3  # μ from fewer completions is noise
@@ -77,7 +78,11 @@ class LpsTracker:
         for request in (*snapshot.running, *snapshot.waiting):
             if request.request_id not in self._seen_ids:
                 self._seen_ids.add(request.request_id)
-                bisect.insort(self._arrivals_s, request.arrival_time_s or taken_at)
+                arrival = request.arrival_time_s
+                # An arrival time that is no time before the snapshot (none given, or not a number) counts as the
+                # snapshot's: one that never left the window would keep the instance busy for ever.
+                plausible = 0.0 < arrival <= taken_at + MAX_CLOCK_AHEAD_S
+                bisect.insort(self._arrivals_s, arrival if plausible else taken_at)
                 self._arrival_scv = None
         self._seen_ids &= running | waiting  # a request is new once; the set stays as small as the instance
         if previous is None:
@@ -95,9 +100,12 @@ class LpsTracker:
         self._measure()
 
     def observe_dispatch(self, dispatched_at_s: float) -> None:
+        """A dispatch routers recorded (its time a number no more than MAX_CLOCK_AHEAD_S ahead of the caller's
+        clock); the window moves on with dispatches too, whether or not snapshots come."""
         self._start(dispatched_at_s)
         bisect.insort(self._dispatches_s, dispatched_at_s)
         self._arrival_scv = None
+        self._expire(dispatched_at_s - MAX_CLOCK_AHEAD_S)
 
     def parameters(self, prefill_tokens_per_s: float | None, now_s: float) -> LpsParameters | None:
         """The closed form's parameters now, or None while μ, k or θ is unknown."""

@@ -8,8 +8,9 @@ many blocks as the engine's KV cache holds, the least recently used going first;
 blocks too (its predicted length, as anonymous blocks in the same order). A request is expected to find cached the
 longest prefix of its blocks that a request routed *before it* brought there (`cached_tokens`).
 
-What this cannot see: prompts sent to the engine without Route, the engine's own restarts (the account is cleared
-when the snapshots' sequence numbers start over), and blocks that running requests pin (counted as evictable).
+What this cannot see: prompts sent to the engine without Route, and blocks that running requests pin (counted as
+evictable). The account is cleared when the engine restarts (its snapshots' engine_started_at_s changes; from a
+sidecar that does not say it, when their step count goes back), and a prompt the engine refuses outright adds none.
 The estimate is therefore a likely hit, not a certain one; the replay takes it when the request is admitted.
 """
 

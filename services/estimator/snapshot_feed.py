@@ -48,7 +48,7 @@ from bear.core.state import InvalidState
 from bear.common.log_throttle import LogThrottle
 from bear.common.messages import described
 from bear.estimator.admission import RedisValues, refusal
-from bear.estimator.estimation import Calibration, Dispatch, Estimator, supersedes
+from bear.estimator.estimation import MAX_CLOCK_AHEAD_S, Calibration, Dispatch, Estimator, supersedes
 from bear.estimator.lps_tracker import LpsTracker
 from bear.estimator.remaining import RemainingLengths, Rows
 from bear.estimator.request_ids import router_request_id
@@ -418,12 +418,13 @@ class SnapshotFeed:
 
     def _adopt_dispatch(self, record: router_pb2.DispatchRecord, instance_id: str) -> bool:
         dispatch: Dispatch | None = dispatch_from_record(record, instance_id, self._estimator.model(instance_id))
-        if dispatch is None:
+        if dispatch is None or dispatch.dispatched_at_s > self._clock() + MAX_CLOCK_AHEAD_S:
             self.stats.dispatches_unusable += 1
             if self._unusable.should_log(instance_id):
                 logger.warning("dispatch record of %r to instance %s unusable (%d times): no request id, no prompt "
-                               "tokens, or a time or length that is not a number (the replay goes on without it)",
-                               record.request_id[:64], instance_id, self._unusable.count(instance_id))
+                               "tokens, a length that is not a number, or a time that is not one or is more than "
+                               "%g s ahead of this clock (the replay goes on without it)", record.request_id[:64],
+                               instance_id, self._unusable.count(instance_id), MAX_CLOCK_AHEAD_S)
             return False
         if not self._estimator.knows(dispatch.instance_id):
             return False

@@ -72,6 +72,7 @@ def snapshot_to_proto(snapshot: RegionSnapshot, *, instance_id: str, pool: str, 
         next_step_index=snapshot.next_step_index,
         num_omitted_waiting=snapshot.num_waiting - len(snapshot.waiting),
         read_at_s=read_at_s,
+        engine_started_at_s=snapshot.created_at_s,
     )
     if snapshot.in_flight:
         message.step_in_progress.CopyFrom(step_to_proto(snapshot.in_flight[0]))

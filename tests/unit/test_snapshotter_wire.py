@@ -56,6 +56,7 @@ def test_a_snapshot_carries_the_engine_s_counts_and_feeds_the_replay(tmp_path: P
     message = snapshot_to_proto(snapshot, instance_id="i-1", pool="small", model="", read_at_s=5.0, batch_time=fit)
     assert (message.instance_id, message.pool, message.model, message.read_at_s) == ("i-1", "small", ENGINE.model, 5.0)
     assert message.sequence_number == snapshot.sequence_number and message.taken_at_s == snapshot.written_at_s
+    assert message.engine_started_at_s == snapshot.created_at_s > 0  # a restart gives another (its caches empty)
     assert message.engine.num_gpu_blocks == ENGINE.num_gpu_blocks and message.num_free_blocks == 500
     assert message.engine.enable_prefix_caching
     assert [(r.request_id, r.num_computed_tokens, r.num_output_tokens, r.num_allocated_blocks) for r in

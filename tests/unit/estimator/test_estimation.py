@@ -24,6 +24,7 @@ from bear.estimator.estimation import (
     Method,
     supersedes,
 )
+from bear.v1 import snapshot_pb2
 from tests.estimator_builders import COEFFICIENTS, decoding, engine, queued, snapshot
 
 NOW = 1000.0
@@ -446,6 +447,66 @@ def test_an_engine_that_started_over_has_an_empty_prefix_cache() -> None:
     estimator.update_snapshot(snapshot("a", NOW + 2, [decoding("r1")], sequence_number=9), NOW + 2)  # counting on
     estimator.record_dispatch(Dispatch("again", "a", "m", NOW + 2, 1000, 20.0, prefix_hashes=_blocks(SYSTEM)))
     assert estimator.estimate(query, ["a"], NOW + 2.01, prefix_hashes=hashes)[0].ttft_s < cold.ttft_s
+
+
+def _started(message: snapshot_pb2.InstanceSnapshot, started_at_s: float,
+             next_step_index: int = 0) -> snapshot_pb2.InstanceSnapshot:
+    message.engine_started_at_s, message.next_step_index = started_at_s, next_step_index
+    return message
+
+
+def test_an_engine_restarted_by_its_start_time_has_an_empty_prefix_cache_though_its_sequence_grows() -> None:
+    # The snapshotter's sequence numbers keep growing across restarts (the region's counter starts at its creation
+    # time): the start time tells a new run apart (QA: a prompt routed before the restart stayed cached after it).
+    estimator = estimator_with(_started(snapshot("a", NOW, [decoding("r1")], sequence_number=500), NOW - 100, 40))
+    estimator.record_dispatch(Dispatch("earlier", "a", "m", NOW - 30, 1000, 20.0, prefix_hashes=_blocks(SYSTEM)))
+    query, hashes = Query("q", 1000, 10), _blocks(SYSTEM, range(40))
+    assert estimator.estimate(query, ["a"], NOW + 0.01, prefix_hashes=hashes)[0].cached_tokens == 960
+    estimator.update_snapshot(_started(snapshot("a", NOW + 1, [decoding("r1")], sequence_number=900), NOW - 100, 41),
+                              NOW + 1)  # the same run
+    assert estimator.estimate(query, ["a"], NOW + 1.01, prefix_hashes=hashes)[0].cached_tokens == 960
+    estimator.update_snapshot(_started(snapshot("a", NOW + 2, [decoding("r1")], sequence_number=901), NOW + 1.5, 45),
+                              NOW + 2)  # a new run, further in its steps than the last was
+    assert estimator.estimate(query, ["a"], NOW + 2.01, prefix_hashes=hashes)[0].cached_tokens == 0
+
+
+def test_without_a_start_time_a_step_count_that_went_back_says_the_engine_restarted() -> None:
+    estimator = estimator_with(_started(snapshot("a", NOW, [decoding("r1")], sequence_number=500), 0.0, 40))
+    estimator.record_dispatch(Dispatch("earlier", "a", "m", NOW - 30, 1000, 20.0, prefix_hashes=_blocks(SYSTEM)))
+    query, hashes = Query("q", 1000, 10), _blocks(SYSTEM, range(40))
+    estimator.update_snapshot(_started(snapshot("a", NOW + 1, [decoding("r1")], sequence_number=900), 0.0, 2), NOW + 1)
+    assert estimator.estimate(query, ["a"], NOW + 1.01, prefix_hashes=hashes)[0].cached_tokens == 0
+
+
+@pytest.mark.parametrize("field, value", [("block_size", 0), ("num_gpu_blocks", 0)])
+def test_a_snapshot_refused_for_its_engine_changes_nothing_the_estimator_holds(field: str, value: int) -> None:
+    estimator = estimator_with(snapshot("a", NOW, [decoding("r1")]))
+    estimator.record_dispatch(Dispatch("earlier", "a", "m", NOW - 30, 1000, 20.0, prefix_hashes=_blocks(SYSTEM)))
+    query, hashes = Query("q", 1000, 10), _blocks(SYSTEM, range(40))
+    estimator.record_dispatch(Dispatch("w", "a", "m", NOW + 0.5, 960, 20.0, prefix_hashes=_blocks(SYSTEM)))
+    before = estimator.estimate(query, ["a"], NOW + 0.01, prefix_hashes=hashes)[0]
+    broken = snapshot("a", NOW + 1, [decoding("r1")], [queued("w", 960)])  # its cache hit is looked up
+    setattr(broken.engine, field, value)
+    with pytest.raises(InvalidState):  # was a ZeroDivisionError for block_size 0, which stopped the feed's batch
+        estimator.update_snapshot(broken, NOW + 1)
+    after = estimator.estimate(query, ["a"], NOW + 1.01, prefix_hashes=hashes)[0]
+    assert after.cached_tokens == before.cached_tokens == 960  # was 0: the index emptied by a refused snapshot
+
+
+def test_a_prompt_the_engine_refuses_is_not_counted_in_its_prefix_cache() -> None:
+    estimator = estimator_with(snapshot("a", NOW, [decoding("r1")]))
+    too_long = estimator._instances["a"].prepared.state.engine.max_model_len  # noqa: SLF001
+    estimator.record_dispatch(Dispatch("refused", "a", "m", NOW, too_long, 20.0,
+                                       prefix_hashes=_blocks(SYSTEM, range(too_long // 16))))
+    query = Query("q", 1000, 10)
+    assert estimator.estimate(query, ["a"], NOW + 0.01, prefix_hashes=_blocks(SYSTEM, range(40)))[0].cached_tokens == 0
+
+
+def test_dispatches_are_forgotten_as_new_ones_come_even_while_no_snapshot_is_adopted() -> None:
+    estimator = estimator_with(snapshot("a", NOW, [decoding("r1")]), dispatch_ttl_s=60.0)
+    for second in range(600):
+        estimator.record_dispatch(Dispatch(f"d{second}", "a", "m", NOW + second, 100, 20.0))
+    assert len(estimator._instances["a"].dispatches) <= 70  # noqa: SLF001 - was all 600
 
 
 @pytest.mark.parametrize("prompt_tokens, why", [(32_768, "not shorter than max_model_len (32768)"),

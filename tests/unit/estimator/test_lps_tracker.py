@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
+from bear.core.lps import arrival_statistics
 from bear.estimator.lps_tracker import LpsTracker
 from bear.v1 import snapshot_pb2
 from tests.estimator_builders import decoding, queued, snapshot
@@ -126,3 +128,28 @@ def test_a_long_stream_of_snapshots_gives_what_its_window_alone_gives() -> None:
     assert kept is not None and recounted is not None
     assert kept.service_rate_qps == pytest.approx(recounted.service_rate_qps, rel=1e-9)
     assert kept.concurrency == pytest.approx(recounted.concurrency, rel=1e-9)
+
+
+@pytest.mark.parametrize("arrival_time_s", [math.inf, math.nan, 1e300, -5.0])
+def test_an_arrival_time_that_is_no_time_before_the_snapshot_counts_as_the_snapshots(arrival_time_s: float) -> None:
+    # QA: +inf never left the window (α stayed up 20 minutes after the last request), NaN broke its order, 1e300
+    # overflowed the gaps' statistics.
+    tracker = LpsTracker(window_s=60.0)
+    steady(tracker, 10)
+    odd = state(11.0, ["r11", "odd"])
+    odd.running[1].arrival_time_s = arrival_time_s
+    tracker.observe_snapshot(odd)
+    later = tracker.parameters(THETA, now_s=11.0 + 61.0)
+    assert later is not None and later.arrival_rate_qps == 0.0 and math.isfinite(later.arrival_scv)
+
+
+def test_dispatch_times_leave_the_window_as_dispatches_come_without_snapshots() -> None:
+    tracker = LpsTracker(window_s=60.0)
+    for second in range(3600):
+        tracker.observe_dispatch(float(second))
+    assert len(tracker._dispatches_s) <= 70  # noqa: SLF001 - was all 3,600: they left only with snapshots
+
+
+def test_arrival_statistics_of_wide_gaps_do_not_overflow() -> None:
+    rate, scv = arrival_statistics([0.0, 1e200, 3e200, 4e200])
+    assert rate == pytest.approx(1 / (4e200 / 3)) and scv == pytest.approx(0.125)

@@ -437,14 +437,19 @@ def test_dispatch_records_that_cannot_be_dispatches_are_counted_and_logged(caplo
         await world.feed.poll_dispatches_once()
         assert world.estimator.has_dispatch("a", "good") and not world.estimator.has_dispatch("a", "bad-tokens")
         assert world.feed.record_dispatch(dispatch_record("bad-time", "a", math.nan)) is False
+        # A time far ahead never leaves the windows (QA: 1e300 overflowed the LPS arrival statistics, and stopped
+        # the adoption of the snapshots after it).
+        assert world.feed.record_dispatch(dispatch_record("far-ahead", "a", now + 1e300)) is False
+        assert world.feed.record_dispatch(dispatch_record("skewed", "a", now + 4.0)) is True
         assert world.feed.record_dispatch(dispatch_record("fine", "a", now)) is True
-        assert world.feed.stats.dispatches_unusable == 2 and world.feed.stats.undecodable_values == 1
+        assert world.feed.stats.dispatches_unusable == 3 and world.feed.stats.undecodable_values == 1
 
     with caplog.at_level("WARNING", logger="bear.estimator"):
         run(test)
     assert [m for m in caplog.messages if "unusable" in m] == [
-        "dispatch record of 'bad-tokens' to instance a unusable (1 times): no request id, no prompt tokens, or a time "
-        "or length that is not a number (the replay goes on without it)"]
+        "dispatch record of 'bad-tokens' to instance a unusable (1 times): no request id, no prompt tokens, a length "
+        "that is not a number, or a time that is not one or is more than 5 s ahead of this clock (the replay goes on "
+        "without it)"]
 
 
 @pytest.mark.parametrize("taken_at_s, read_at_s", [(math.nan, None), (math.inf, None), (-math.inf, None),
