@@ -407,8 +407,12 @@ class CallStream(Generic[Request, Response]):
         writing.add_done_callback(_retrieved)
         try:
             async with asyncio.timeout_at(deadline):  # a stream still connecting, a write held up
-                await asyncio.shield(writing)
-            return await future
+                # The call may end before its write does: the stream closed or ended while the write waits on a peer
+                # that reads nothing (a write is not woken by that).
+                await asyncio.wait((writing, future), return_when=asyncio.FIRST_COMPLETED)
+                if not future.done():
+                    writing.result()  # written, or the stream's end that stopped the write
+                return await future
         except TimeoutError:
             raise CallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
         finally:

@@ -152,16 +152,20 @@ def _require_number(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a number, got {value!r}")
     try:
         float(value)
-    except OverflowError:  # an int past a double's range (protobuf's double field would raise it, naming no field)
-        raise ValueError(f"{name} must be a number a double can hold, got an integer of {value.bit_length()} bits"
-                         ) from None
+    except OverflowError:  # past a double's range (protobuf's double field would raise it, naming no field)
+        size = f"an integer of {value.bit_length()} bits" if isinstance(value, int) else f"a {type(value).__name__}"
+        raise ValueError(f"{name} must be a number a double can hold, got {size} past its range") from None
 
 
 def deadline_s(timeout_s: float | None, default_s: float) -> float:
     """A call's deadline: `timeout_s`, or the client's `default_s` when None."""
     chosen = default_s if timeout_s is None else timeout_s
-    if not isinstance(chosen, numbers.Real) or not (math.isfinite(chosen) and 0 < chosen <= MAX_TIMEOUT_S):
-        raise ValueError(f"timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], got {chosen!r}")
+    # The range first: math.isfinite of an int past a double's range raises OverflowError.
+    if (not isinstance(chosen, numbers.Real) or isinstance(chosen, bool) or not 0 < chosen <= MAX_TIMEOUT_S
+            or not math.isfinite(chosen)):
+        shown = (repr(chosen) if not isinstance(chosen, int) or chosen.bit_length() < 64
+                 else f"an integer of {chosen.bit_length()} bits")
+        raise ValueError(f"timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], got {shown}")
     return float(chosen)
 
 
@@ -176,6 +180,8 @@ def error_of(error: grpc.RpcError | CallFailed) -> RouterError:
             grpc.StatusCode.UNAVAILABLE: RouterUnavailable,
             grpc.StatusCode.CANCELLED: RouterUnavailable,  # by the router: it is shutting down (ours: closed())
             grpc.StatusCode.DEADLINE_EXCEEDED: RouterTimeout}.get(code, RouterError)
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in message:  # gRPC's words name no field
+        message = f"the request (prompt, request_id, allowed_models) is larger than the router takes: {message}"
     return kind(code, message)
 
 
@@ -316,6 +322,8 @@ class AsyncRouterClient:
             raise self._cancelled() from None
 
     async def close(self) -> None:
+        if asyncio.get_running_loop() is not self._loop:  # its calls and channel are that loop's: nothing changes
+            raise RuntimeError("this AsyncRouterClient belongs to another event loop: close it in that loop")
         self._is_closed = True
         await self._route.close()
         if self._own:

@@ -319,6 +319,39 @@ def test_a_server_that_dies_fails_the_calls_in_flight_at_once_and_a_new_stream_f
     run(scenario)
 
 
+def test_closing_fails_at_once_the_calls_whose_writes_a_peer_reading_nothing_holds_up() -> None:
+    """A peer that reads nothing (a paused process, a partition) holds writes up once the window is full; closing
+    the stream fails every call in flight, written or not (QA: those still writing waited for their deadlines)."""
+    async def scenario() -> None:
+        hold = asyncio.Event()
+
+        async def never_reads(calls: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> None:
+            await hold.wait()
+
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bear.v1.Estimator", {
+            "EstimateStream": grpc.stream_stream_rpc_method_handler(
+                never_reads, request_deserializer=estimator_pb2.EstimateCall.FromString,
+                response_serializer=estimator_pb2.EstimateResult.SerializeToString)}),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stream = _stream(channel)
+            calls = [asyncio.ensure_future(stream.call(_request(f"{i}:" + "x" * 200_000), timeout_s=30))
+                     for i in range(50)]  # 10 MB: more than the windows take
+            await asyncio.sleep(1.0)
+            started = time.perf_counter()
+            await stream.close()
+            results = await asyncio.gather(*calls, return_exceptions=True)
+            assert time.perf_counter() - started < 5
+            assert [type(r) for r in results] == [CallFailed] * 50
+            assert {r.code for r in results} == {grpc.StatusCode.CANCELLED}  # type: ignore[union-attr]
+        hold.set()
+        await server.stop(None)
+
+    run(scenario)
+
+
 def test_a_server_without_the_stream_twin_is_called_unary_and_asked_again_later() -> None:
     async def scenario() -> None:
         servicer = Servicer(streamed=False)

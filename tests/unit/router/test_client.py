@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from fractions import Fraction
 
 import grpc
 import pytest
 
+from bear.common.call_streams import CallFailed
 from bear.router.client import (
     CHANNEL_OPTIONS,
     AsyncRouterClient,
@@ -51,6 +53,8 @@ def test_a_request_carries_the_text_or_the_length_and_only_the_optionals_given()
                                                ({"prompt": "hi", "ttft_slo_ms": 10**400}, "ttft_slo_ms"),
                                                ({"prompt": "hi", "lambda_per_micro_usd": -10**400},
                                                 "lambda_per_micro_usd"),
+                                               # an AttributeError before (a Fraction has no bit_length)
+                                               ({"prompt": "hi", "ttft_slo_ms": Fraction(10**400)}, "ttft_slo_ms"),
                                                ({"prompt": "hi", "allowed_models": None}, "allowed_models"),
                                                ({"prompt": "hi", "allowed_models": [None]}, "allowed_models"),
                                                ({"prompt": b"hi"}, "prompt"),
@@ -80,7 +84,9 @@ def test_allowed_models_may_be_any_iterable_of_names() -> None:
 
 def test_deadlines_are_positive_and_none_means_the_clients() -> None:
     assert deadline_s(None, 1.5) == 1.5 and deadline_s(0.2, 1.5) == 0.2
-    for bad in (0.0, -1.0, float("nan"), 1e10, "1"):  # 1e10 s: gRPC's deadline overflows and fails the call at once
+    # 1e10 s: gRPC's deadline overflows and fails the call at once; 10**400: math.isfinite raised OverflowError; True
+    # was a deadline of a second, where every other number refuses a bool.
+    for bad in (0.0, -1.0, float("nan"), 1e10, "1", 10**400, True, Fraction(10**400)):
         with pytest.raises(ValueError, match="timeout_s"):
             deadline_s(bad, 1.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="timeout_s"):
@@ -120,6 +126,11 @@ def test_status_codes_become_exceptions(code: grpc.StatusCode, kind: type) -> No
     assert str(error) == f"{code.name}: ttft_slo_ms: must be positive"
 
 
+def test_a_request_over_the_routers_size_limit_says_what_is_too_large() -> None:
+    error = error_of(CallFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, "Received message larger than max (9 vs. 8)"))
+    assert type(error) is InvalidRequest and error.message.startswith("the request (prompt, request_id")
+
+
 def test_the_blocking_client_once_closed_says_so() -> None:
     client = RouterClient("localhost:1")
     client.close()
@@ -139,6 +150,17 @@ def test_the_asyncio_client_belongs_to_the_loop_it_was_made_in() -> None:
     client = asyncio.run(make())
     with pytest.raises(RuntimeError, match="another event loop"):
         asyncio.run(client.route("hi", ttft_slo_ms=500.0))
+
+
+def test_closing_the_asyncio_client_from_another_loop_is_refused_and_changes_nothing() -> None:
+    async def owner() -> None:
+        client = AsyncRouterClient("localhost:1")
+        with pytest.raises(RuntimeError, match="another event loop"):  # a Future of another loop before, half-closed
+            await asyncio.to_thread(asyncio.run, client.close())
+        assert not client._is_closed  # noqa: SLF001
+        await client.close()
+
+    asyncio.run(owner())
 
 
 def test_the_clients_channel_finds_a_restarted_router_within_a_second() -> None:
