@@ -95,10 +95,22 @@ def features_from_record(record: calibration_pb2.BatchRecord) -> BatchFeatures:
     )
 
 
+# Measured step times outside these bounds are no forward pass of any engine (a clock or a writer gone wrong): one step
+# of 1e-300 s drives the relative-error fit to all-zero coefficients, i.e. every TTFT estimate to 0.
+MIN_STEP_TIME_S = 1e-6
+MAX_STEP_TIME_S = 3600.0
+
+
 def samples_from_records(records: Iterable[calibration_pb2.BatchRecord]) -> list[tuple[BatchFeatures, float]]:
-    """(features, measured time) of executed steps, for calibration (steps still in progress are skipped): a step's
-    time is its execution and the engine's own work after it until the next step (`overhead_s`, where known)."""
-    return [(features_from_record(r), r.duration_s + r.overhead_s) for r in records if r.duration_s > 0]
+    """(features, measured time) of executed steps, for calibration (steps still in progress are skipped, and so are
+    times outside [MIN_STEP_TIME_S, MAX_STEP_TIME_S]): a step's time is its execution and the engine's own work after
+    it until the next step (`overhead_s`, where known)."""
+    samples = []
+    for record in records:
+        time_s = record.duration_s + record.overhead_s
+        if record.duration_s > 0 and MIN_STEP_TIME_S <= time_s <= MAX_STEP_TIME_S:
+            samples.append((features_from_record(record), time_s))
+    return samples
 
 
 def coefficients_to_proto(fit: CalibrationFit, fitted_at_s: float = 0.0) -> calibration_pb2.BatchTimeCoefficients:

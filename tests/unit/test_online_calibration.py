@@ -177,3 +177,20 @@ def test_a_fit_off_in_its_per_token_term_is_refitted_sooner_too() -> None:
     calibrator.add(step(rng, noise=0.0) for _ in range(200))
     assert calibrator.recent_time_ratio() == 0.0
     assert calibrator.refit_if_due(0.3) is not None  # not after 5 s
+
+
+def test_step_times_no_engine_could_take_are_left_out_of_the_fit() -> None:
+    """A foreign or broken writer's 1e-300 s step drove the relative-error fit to all-zero coefficients (every TTFT
+    estimate 0); 1e6 s and 1e300 s steps are no forward pass either."""
+    rng = random.Random(7)
+    records = [step(rng) for _ in range(300)]
+    for duration_s in (1e-300, 1e-300, 1e6, 1e300):
+        absurd = step(rng)
+        absurd.duration_s = duration_s
+        records.append(absurd)
+    assert len(samples_from_records(records)) == 300
+    calibrator = OnlineCalibrator(window=500, min_samples=50, refit_interval_s=0)
+    calibrator.add(records)
+    fitted = calibrator.refit_if_due(now_s=1.0)
+    assert fitted is not None and fitted.num_samples == 300
+    assert_close(fitted, TRUE, 0.1)
