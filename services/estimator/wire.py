@@ -112,10 +112,12 @@ def dispatch_from_record(record: router_pb2.DispatchRecord, instance_id: str, mo
 
 
 def coefficients_from_message(message: calibration_pb2.BatchTimeCoefficients) -> BatchTimeCoefficients | None:
-    """The eq. 12 coefficients of a fit (None when the snapshotter has not fitted any, or they are not numbers)."""
+    """The eq. 12 coefficients of a fit (None when the snapshotter has not fitted any, they are not numbers, or they
+    make a step of few tokens free: no per-step and no per-token time, which no engine has)."""
     if message.num_samples == 0:
         return None
     try:
-        return coefficients_from_proto(message)
+        coefficients = coefficients_from_proto(message)
     except ValueError:
         return None
+    return coefficients if coefficients.b0 > 0 or coefficients.b1 > 0 else None

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from bear.core.batch_time import BatchTimeCoefficients
 from bear.estimator.estimation import Dispatch, Method, TtftEstimate
 from bear.estimator.wire import (
     InstanceFacts,
@@ -115,3 +116,8 @@ def test_coefficients_only_from_a_fit() -> None:
     assert coefficients_from_message(batch_time()) == COEFFICIENTS
     assert coefficients_from_message(calibration_pb2.BatchTimeCoefficients()) is None  # not fitted yet
     assert coefficients_from_message(calibration_pb2.BatchTimeCoefficients(num_samples=5, intercept_s=-1)) is None
+    # A fit that makes a step of few tokens free (no per-step, no per-token time) describes no engine: every TTFT 0.
+    assert coefficients_from_message(calibration_pb2.BatchTimeCoefficients(
+        num_samples=5, per_decode_context_token_s=1e-8, per_prefill_attention_token_s=1e-9)) is None
+    assert coefficients_from_message(calibration_pb2.BatchTimeCoefficients(num_samples=5, per_token_s=2e-5)) \
+        == BatchTimeCoefficients(0.0, 2e-5, 0.0, 0.0)
