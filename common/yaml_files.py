@@ -1,4 +1,5 @@
-"""YAML as BEAR's files are read: safe (no Python objects), and a mapping that names a key twice is an error.
+"""YAML as BEAR's files are read: safe (no Python objects), a mapping that names a key twice is an error, and a number
+with an exponent is a number (`1e-9`, `1.5e3`), as in YAML 1.2.
 
 PyYAML keeps the last of two equal keys without a word, so a setting written twice in a config, pools or catalogue
 file (`price: 1` near the top, `price: 2` further down, the first one forgotten) would silently take one of them.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,14 @@ class _StrictLoader(_SafeLoader):  # type: ignore[valid-type,misc]
                 raise DuplicateKeyError(None, None, problem, key_node.start_mark)
             seen[key] = key_node.start_mark
         return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.1 (PyYAML) reads a number with an exponent as one only if it has a dot and a signed exponent: `1e-9` or
+# `1.5e3` would be text, and a price written so refused as no number. YAML 1.2 and JSON take them as the floats they
+# look like.
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"))
 
 
 class _TextLoader(_StrictLoader):

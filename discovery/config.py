@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ SERVICE_ACCOUNT_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceacc
 
 ENVIRONMENT = ("BEAR_DISCOVERY", "BEAR_NAMESPACE", "BEAR_POOLS_FILE", "BEAR_DISCOVERY_WATCH_TIMEOUT_S",
                "BEAR_DISCOVERY_BACKOFF_CAP_S")
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # an RFC 1123 label, as Kubernetes names namespaces
 MAX_WATCH_TIMEOUT_S = 86400.0  # a day (watches are normally renewed every few minutes)
 MAX_BACKOFF_CAP_S = 3600.0  # an hour (a longer wait would leave a pool that lost the API server stale for hours)
 
@@ -38,6 +40,9 @@ class DiscoveryConfig:
             raise ValueError(f"BEAR_DISCOVERY must be one of {', '.join(MODES)}, got {self.mode!r}")
         if not self.namespace:
             raise ValueError("BEAR_NAMESPACE must not be empty")
+        if self.mode == "kubernetes" and not _NAMESPACE.fullmatch(self.namespace):  # else no pod is ever listed
+            raise ValueError(f"BEAR_NAMESPACE must be a Kubernetes namespace name (at most 63 lower-case letters, "
+                             f"digits and '-', starting and ending with a letter or digit), got {self.namespace!r}")
         if not 1 <= self.watch_timeout_s <= MAX_WATCH_TIMEOUT_S:  # also refuses nan and inf
             raise ValueError(f"BEAR_DISCOVERY_WATCH_TIMEOUT_S must be >= 1 and <= {MAX_WATCH_TIMEOUT_S:g} (a day), "
                              f"got {self.watch_timeout_s}")
@@ -51,7 +56,8 @@ class DiscoveryConfig:
         defaults = DiscoveryConfig()
         return DiscoveryConfig(
             mode=(environ.get("BEAR_DISCOVERY") or defaults.mode).strip().lower(),
-            namespace=environ.get("BEAR_NAMESPACE") or _own_namespace(namespace_file) or defaults.namespace,
+            namespace=(environ.get("BEAR_NAMESPACE") or "").strip() or _own_namespace(namespace_file)
+            or defaults.namespace,
             pools_file=environ.get("BEAR_POOLS_FILE", ""),
             watch_timeout_s=_float(environ, "BEAR_DISCOVERY_WATCH_TIMEOUT_S", defaults.watch_timeout_s),
             backoff_cap_s=_float(environ, "BEAR_DISCOVERY_BACKOFF_CAP_S", defaults.backoff_cap_s),

@@ -23,6 +23,7 @@ connect), and applies nothing once stopping.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import socket
 import threading
@@ -81,8 +82,10 @@ class PodWatcher:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
+            doing = "listing"
             try:
                 resource_version = self._list()
+                doing = "watching"
                 while not self._stopping.is_set():
                     resource_version = self._watch_from(resource_version)
             except Exception as error:  # the watch must outlive every API or network failure
@@ -92,8 +95,8 @@ class PodWatcher:
                 if isinstance(error, client.ApiException) and error.status == HTTP_GONE:
                     logger.info("pool %s: resource version expired, listing again", self.pool.name)
                 else:
-                    logger.warning("pool %s: pod watch failed (%s); listing again in %.2f s", self.pool.name,
-                                   _describe(error), delay_s)
+                    logger.warning("pool %s: %s pods in namespace %s failed (%s); listing again in %.2f s",
+                                   self.pool.name, doing, self._namespace, _describe(error), delay_s)
                 self._stopping.wait(delay_s)
 
     def _list(self) -> str:
@@ -167,6 +170,13 @@ def _shut_down(response: Any) -> None:
 
 
 def _describe(error: Exception) -> str:
-    if isinstance(error, client.ApiException):
-        return f"HTTP {error.status} {error.reason}"
-    return f"{type(error).__name__}: {error}"
+    """The error, with the API server's own explanation where it sent one (a Status object: for a missing
+    permission, which service account may not list pods where)."""
+    if not isinstance(error, client.ApiException):
+        return f"{type(error).__name__}: {error}"
+    text = f"HTTP {error.status} {error.reason}"
+    try:
+        message = json.loads(error.body).get("message") if error.body else None
+    except (ValueError, TypeError, AttributeError):  # no JSON object: a proxy's page, bytes that are no text
+        message = None
+    return f"{text}: {message[:500]}" if isinstance(message, str) and message else text

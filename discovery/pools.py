@@ -223,13 +223,19 @@ def _has_space_or_control(text: str) -> bool:
 
 
 def _is_http_url(text: str) -> bool:
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)  # raises for a bracketed host that is no IPv6 address
+    except ValueError:
+        return False
     return (text.startswith(("http://", "https://")) and bool(parts.hostname) and _has_valid_port(parts)
             and not _has_space_or_control(text))
 
 
 def _is_host_port(text: str) -> bool:
-    parts = urlsplit(f"//{text}")
+    try:
+        parts = urlsplit(f"//{text}")
+    except ValueError:
+        return False
     return (parts.netloc == text and "@" not in text and bool(parts.hostname)
             and _has_valid_port(parts, required=True) and not _has_space_or_control(text))
 

@@ -46,7 +46,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = load(flag_values(args, FLAGS), args.config)
         run_event_loop(serve(config))
-    except (ValueError, PoolsFileError) as error:
+    except PoolsFileError as error:
+        print(f"bear serve router: --pools-file: {error}", file=sys.stderr)
+        return 2
+    except ValueError as error:
         print(f"bear serve router: {error}", file=sys.stderr)
         return 2
     return 0

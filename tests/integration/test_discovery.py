@@ -128,6 +128,20 @@ def test_api_errors_are_retried_with_back_off_until_the_server_answers() -> None
             eventually(lambda: ready_ids(discovery) == ["small-b"])
 
 
+def test_a_refused_list_is_logged_with_the_namespace_and_the_servers_explanation(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """(QA: the warning said only "pod watch failed (HTTP 403 Forbidden)", for a list too: the API server's message,
+    e.g. which service account may not list pods where, and the namespace were dropped.)"""
+    with FakeKubeApi(namespace="serving") as api, caplog.at_level("WARNING", logger="bear.discovery"):
+        api.fail_next(403, count=1)
+        with discovering(api, pools=POOLS[:1]):
+            pass
+    warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert len(warnings) == 1
+    assert warnings[0].startswith("pool small: listing pods in namespace serving failed (HTTP 403 Forbidden: ")
+    assert "injected failure" in warnings[0]
+
+
 def test_watches_that_end_at_once_are_retried_with_back_off_not_in_a_tight_loop() -> None:
     with FakeKubeApi() as api:
         api.add_pod("small-a", SMALL, phase="Running", ready=True, ip="10.0.0.1")

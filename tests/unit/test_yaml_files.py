@@ -37,6 +37,14 @@ def test_a_key_named_twice_is_refused_with_both_lines(text: str, key: str, first
     assert isinstance(raised.value, yaml.YAMLError)  # what the files' readers already catch
 
 
+def test_a_number_with_an_exponent_is_a_number() -> None:
+    """(QA: `input_usd_per_mtok: 1e-9`, the pools README's way to make a pool cost nothing, was the text '1e-9' to
+    PyYAML's YAML 1.1 reader and refused as no number.)"""
+    assert load_yaml("a: 1e-9\nb: -2E+3\nc: 1.5e3\nd: '1e-9'\ne: 1e\nf: 10\ng: .5e1\nh: 1.5\n") == {
+        "a": 1e-9, "b": -2000.0, "c": 1500.0, "d": "1e-9", "e": "1e", "f": 10, "g": 5.0, "h": 1.5}
+    assert load_yaml("a: 1e-9\n", scalars_as_text=True) == {"a": "1e-9"}  # settings files keep the text written
+
+
 def test_it_constructs_no_python_objects() -> None:
     with pytest.raises(yaml.constructor.ConstructorError):
         load_yaml("!!python/object/apply:os.system ['true']\n")

@@ -28,6 +28,7 @@ def test_the_namespace_defaults_to_the_pods_own(tmp_path: Path) -> None:
     namespace_file.write_text("llm-serving\n")
     assert DiscoveryConfig.from_environ({}, namespace_file=namespace_file).namespace == "llm-serving"
     assert DiscoveryConfig.from_environ({"BEAR_NAMESPACE": "x"}, namespace_file=namespace_file).namespace == "x"
+    assert DiscoveryConfig.from_environ({"BEAR_NAMESPACE": " x\n"}, namespace_file=namespace_file).namespace == "x"
 
 
 @pytest.mark.parametrize("environ, names", [
@@ -42,6 +43,11 @@ def test_the_namespace_defaults_to_the_pods_own(tmp_path: Path) -> None:
     ({"BEAR_DISCOVERY_BACKOFF_CAP_S": "inf"}, r"BEAR_DISCOVERY_BACKOFF_CAP_S must be >= 0.2 and <= 3600 \(an hour\)"),
     ({"BEAR_DISCOVERY_BACKOFF_CAP_S": "1e308"}, "BEAR_DISCOVERY_BACKOFF_CAP_S"),
     ({"BEAR_DISCOVERY_BACKOFF_CAP_S": "3601"}, "BEAR_DISCOVERY_BACKOFF_CAP_S"),
+    # (QA: a namespace no pod can be in was taken, and the pools stayed empty for ever)
+    ({"BEAR_DISCOVERY": "kubernetes", "BEAR_NAMESPACE": "Bear"}, "BEAR_NAMESPACE must be a Kubernetes namespace"),
+    ({"BEAR_DISCOVERY": "kubernetes", "BEAR_NAMESPACE": "my bear"}, "BEAR_NAMESPACE"),
+    ({"BEAR_DISCOVERY": "kubernetes", "BEAR_NAMESPACE": "bear\nx"}, "BEAR_NAMESPACE"),
+    ({"BEAR_DISCOVERY": "kubernetes", "BEAR_NAMESPACE": "a" * 64}, "BEAR_NAMESPACE"),
 ])
 def test_bad_settings_name_the_variable(environ: dict[str, str], names: str, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=names):

@@ -41,6 +41,14 @@ def test_a_pools_file_is_read_with_its_defaults(tmp_path: Path) -> None:
     assert large.instances == (StaticInstance("large-0", "http://127.0.0.1:8080", "127.0.0.1:50099"),)
 
 
+def test_a_tiny_price_is_written_as_the_readme_says(tmp_path: Path) -> None:
+    """(QA: `1e-9`, the README's price of a pool that costs nothing, was text to YAML 1.1 and refused.)"""
+    path = tmp_path / "pools.yaml"
+    path.write_text("pools:\n  - {name: free, model: m, input_usd_per_mtok: 1e-9, output_usd_per_mtok: 2E-9}\n")
+    (free,) = load_pools_file(path)
+    assert (free.input_usd_per_mtok, free.output_usd_per_mtok) == (1e-9, 2e-9)
+
+
 def _pool(**fields: Any) -> dict[str, Any]:
     return {"pools": [{"name": "small", "model": "m", **fields}]}
 
@@ -94,6 +102,11 @@ def _pool(**fields: Any) -> dict[str, Any]:
     (_pool(instances=[{"id": "a", "endpoint": "http://h", "snapshotter": "h:0"}]), r"\[0\].snapshotter"),
     (_pool(instances=[{"id": "a", "endpoint": "http://h", "snapshotter": "fd00::7:50071"}]), r"\[0\].snapshotter"),
     (_pool(instances=[{"id": "a", "endpoint": "http://h", "snapshotter": "h:1/x"}]), r"\[0\].snapshotter"),
+    # (QA: a bracketed host that is no IPv6 address escaped as urllib's ValueError: the estimator died with a traceback)
+    (_pool(instances=[{"id": "a", "endpoint": "http://[::1:8000"}]), r"pool small.instances\[0\].endpoint"),
+    (_pool(instances=[{"id": "a", "endpoint": "http://[vllm-0]:8000"}]), r"pool small.instances\[0\].endpoint"),
+    (_pool(instances=[{"id": "a", "endpoint": "http://h", "snapshotter": "[::1:50071"}]), r"\[0\].snapshotter"),
+    (_pool(instances=[{"id": "a", "endpoint": "http://h", "snapshotter": "[fe80::zz]:1"}]), r"\[0\].snapshotter"),
     ({"pools": [{"name": "all", "model": "m", "selector": {"app": "bear"}},
                 {"name": "large", "model": "n", "selector": {"app": "bear", "bear.dev/pool": "large"}}]},
      r"pools all and large would claim the same pods: every pod pool large selects \(app=bear,bear.dev/pool=large\)"
