@@ -249,6 +249,8 @@ SCHEMA_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
     "number-as-pool-image-tag": ({"pools": [_pool(image={"tag": 1.10})]}, "'/pools/0/image/tag': got number"),
     "fullname-override-over-63-characters": ({"fullnameOverride": "a" * 64}, "fullnameOverride"),
     "shm-size-not-a-quantity": ({"vllm": {"shmSizeLimit": "16 GB"}}, "shmSizeLimit"),
+    # (QA: rendered as it was; the API server refuses the claim at install)
+    "redis-claim-size-not-a-quantity": ({"redis": {"persistence": {"enabled": True, "size": "10GB"}}}, "size"),
     "sampler-ratio-not-a-number": ({"otel": {"samplerArg": "abc"}}, "samplerArg"),
     "sampler-ratio-above-1": ({"otel": {"samplerArg": 2}}, "samplerArg"),
     "digest-in-the-repository": ({"image": {"repository": f"ghcr.io/acme/bear@{DIGEST_A}"}}, "/image/repository"),
@@ -388,6 +390,10 @@ TEMPLATE_REFUSALS: dict[str, tuple[dict[str, Any], str]] = {
     "extra-args-engine-setting": ({"pools": [_pool(engine={"maxNumSeqs": 64})],
                                    "vllm": {"extraArgs": ["--max_num_seqs", "128"]}},
                                   "vllm.extraArgs: --max_num_seqs is a flag the chart sets for pools[p]"),
+    # (QA: vLLM 0.32's other name for --gpu-memory-utilization got past: the engine ran at 0.5, the values said 0.9)
+    "extra-args-gpu-memory-alias": ({"pools": [_pool(engine={"gpuMemoryUtilization": 0.9})],
+                                     "vllm": {"extraArgs": ["--device-memory-utilization", "0.5"]}},
+                                    "vllm.extraArgs: --device-memory-utilization is a flag the chart sets for pools[p]"),
     "gpus-left-idle": ({"pools": [_pool(gpusPerReplica=8, tensorParallelSize=4)]},
                        "pools[p]: gpusPerReplica (8) is not tensorParallelSize (4) x the pipeline-parallel size (1) x "
                        "the prefill-context-parallel size (1) of vllm.extraArgs: vLLM would use 4 GPUs of each pod and "
@@ -1260,6 +1266,19 @@ def test_autoscaling_replaces_fixed_replicas_and_traces_go_to_the_collector(repo
     assert [p["name"] for p in component(reports["default"], "Service", "router")["spec"]["ports"]] == [
         "grpc", "metrics"]
     assert "volumeClaimTemplates" in component(report, "StatefulSet", "redis")["spec"]
+
+
+def test_changing_the_redis_claim_makes_a_new_statefulset_not_a_refused_upgrade(reports: dict[str, Any]) -> None:
+    """A StatefulSet's volumeClaimTemplates cannot change (QA: `helm upgrade` turning persistence on, or resizing the
+    claim, was refused by the API server): the name carries the claim's hash; the Service, and so the URL, stays."""
+    names = {}
+    for case in ("default", "paper+production", "large-whole-numbers"):
+        statefulset = component(reports[case], "StatefulSet", "redis")
+        service = component(reports[case], "Service", "redis")["metadata"]["name"]
+        assert statefulset["spec"]["serviceName"] == service and len(statefulset["metadata"]["name"]) <= 52
+        names[case] = statefulset["metadata"]["name"]
+        assert (names[case] == service) == ("volumeClaimTemplates" not in statefulset["spec"])
+    assert len(set(names.values())) == 3  # memory only, a 2Gi claim, a 10 GiB claim
 
 
 @pytest.mark.parametrize("case", ["default", "paper+production"])

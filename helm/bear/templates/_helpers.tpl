@@ -545,6 +545,10 @@ for every pool they reach: (dict "pool" $pool "field" "vllm.extraArgs" "args" $.
 {{- $owned = append $owned $flag -}}
 {{- end -}}
 {{- end -}}
+{{- /* vLLM 0.32's other name for --gpu-memory-utilization */ -}}
+{{- if not (kindIs "invalid" (index $engine "gpuMemoryUtilization")) -}}
+{{- $owned = append $owned "--device-memory-utilization" -}}
+{{- end -}}
 {{- range $arg := .args -}}
 {{- include "bear.checkArgShape" (dict "field" $.field "arg" $arg) -}}
 {{- $flag := include "bear.flagName" $arg -}}
