@@ -2,8 +2,9 @@
 
 The SDK reads some of its variables where nothing can catch its error: the span limits when `opentelemetry.sdk.trace`
 is imported or a TracerProvider made (a value that is no non-negative integer raises ValueError), the propagators when
-`opentelemetry.propagate` is imported (a name no installed package provides raises ValueError). Either stopped a
-service at start with a traceback, `OTEL_SDK_DISABLED=true` or not. As for every other tracing setting (see
+`opentelemetry.propagate` is imported (a name no installed package provides raises ValueError), the tracer provider
+where a tracer is first asked for (StopIteration), the context when it is first used (a traceback). Each stopped a
+service at start, or printed a traceback, `OTEL_SDK_DISABLED=true` or not. As for every other tracing setting (see
 bear.common.service), a bad value must not keep a service from serving: `drop_unusable` takes such values out of the
 environment before the SDK is imported, so that its defaults apply, and says which and why.
 """
@@ -19,6 +20,7 @@ SPAN_LIMITS = (  # the SDK's SpanLimits variables: a non-negative integer, or "u
     "OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT", "OTEL_LINK_ATTRIBUTE_COUNT_LIMIT",
 )
 PROPAGATOR_GROUP = "opentelemetry_propagator"  # the entry points OTEL_PROPAGATORS names
+CONTEXT_GROUP = "opentelemetry_context"  # the entry points OTEL_PYTHON_CONTEXT names
 
 
 def drop_unusable(environ: MutableMapping[str, str] = os.environ) -> list[str]:
@@ -31,10 +33,21 @@ def drop_unusable(environ: MutableMapping[str, str] = os.environ) -> list[str]:
             del environ[name]
             problems.append(f"{name}={value!r} is not a non-negative integer (or 'unset'): ignored, the SDK's default "
                             "applies")
+    provider = environ.pop("OTEL_PYTHON_TRACER_PROVIDER", None)
+    if provider is not None:
+        # any name but an installed one stopped every service (StopIteration where a tracer is first asked for); the
+        # SDK's own left BEAR's exporters out, so that no span was exported
+        problems.append(f"OTEL_PYTHON_TRACER_PROVIDER={provider!r} is ignored: BEAR installs its own tracer provider, "
+                        "configured by the other OTEL_* variables")
+    context = environ.get("OTEL_PYTHON_CONTEXT")
+    if context is not None and context not in (known_contexts := _installed(CONTEXT_GROUP)):
+        del environ["OTEL_PYTHON_CONTEXT"]
+        problems.append(f"OTEL_PYTHON_CONTEXT={context!r} is not an installed context implementation "
+                        f"({', '.join(sorted(known_contexts))}): ignored, the default applies")
     listed = environ.get("OTEL_PROPAGATORS")
     if listed is not None:
         names = [n.strip() for n in listed.split(",") if n.strip()]
-        known = _installed_propagators()
+        known = _installed(PROPAGATOR_GROUP)
         unknown = [n for n in names if n.lower() != "none" and n not in known]
         if unknown:
             kept = [n for n in names if n not in unknown]
@@ -59,7 +72,7 @@ def _limit_ok(value: str) -> bool:
         return False
 
 
-def _installed_propagators() -> set[str]:
+def _installed(group: str) -> set[str]:
     from importlib.metadata import entry_points
 
-    return {entry.name for entry in entry_points(group=PROPAGATOR_GROUP)}
+    return {entry.name for entry in entry_points(group=group)}

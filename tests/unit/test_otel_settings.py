@@ -30,3 +30,17 @@ def test_settings_the_sdk_takes_are_left_alone() -> None:
     environ = {"OTEL_PROPAGATORS": "none", "OTEL_SPAN_EVENT_COUNT_LIMIT": "0"}
     assert drop_unusable(environ) == [] and environ == {"OTEL_PROPAGATORS": "none", "OTEL_SPAN_EVENT_COUNT_LIMIT": "0"}
     assert drop_unusable({}) == []
+
+
+def test_the_tracer_provider_is_bears_own_and_an_unknown_context_is_dropped() -> None:
+    """(QA: OTEL_PYTHON_TRACER_PROVIDER=bogus stopped every service with StopIteration; the SDK's own name made BEAR
+    add no exporter, so no span left; OTEL_PYTHON_CONTEXT=bogus printed the SDK's traceback.)"""
+    for provider in ("bogus", "sdk_tracer_provider"):
+        environ = {"OTEL_PYTHON_TRACER_PROVIDER": provider, "OTEL_PYTHON_CONTEXT": "bogus"}
+        tracer_problem, context_problem = drop_unusable(environ)
+        assert environ == {}
+        assert tracer_problem.startswith(f"OTEL_PYTHON_TRACER_PROVIDER={provider!r} is ignored")
+        assert context_problem.startswith("OTEL_PYTHON_CONTEXT='bogus' is not an installed context implementation "
+                                          "(contextvars_context)")
+    environ = {"OTEL_PYTHON_CONTEXT": "contextvars_context"}
+    assert drop_unusable(environ) == [] and environ == {"OTEL_PYTHON_CONTEXT": "contextvars_context"}
