@@ -62,7 +62,7 @@ class RedisConfig:
         if not 0 < self.timeout_s <= MAX_TIMEOUT_S:  # also refuses nan
             raise ValueError(f"BEAR_REDIS_TIMEOUT_S must be > 0 and at most {MAX_TIMEOUT_S:g} (seconds), "
                              f"got {self.timeout_s}")
-        if self.url.startswith("unix://") and self.tls:
+        if self.scheme == "unix" and self.tls:
             raise ValueError("BEAR_REDIS_TLS does not apply to a unix:// socket")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("BEAR_REDIS_TLS_CERT_FILE and BEAR_REDIS_TLS_KEY_FILE go together")
@@ -78,7 +78,12 @@ class RedisConfig:
 
     @property
     def uses_tls(self) -> bool:
-        return self.tls or self.url.startswith("rediss://")
+        return self.tls or self.scheme == "rediss"
+
+    @property
+    def scheme(self) -> str:
+        """redis, rediss or unix, as written in any case (REDISS:// is TLS to the client too); empty: embedded."""
+        return urlsplit(self.url).scheme if self.url else ""  # urlsplit lower-cases it
 
     @staticmethod
     def from_environ(environ: Mapping[str, str]) -> RedisConfig:
@@ -164,7 +169,7 @@ def connect(config: RedisConfig, reaped: bool = True) -> redis.Redis:
 
 def _url_and_options(config: RedisConfig) -> tuple[str, dict[str, object]]:
     url, options = config.url, {"password": config.password, "socket_timeout": config.timeout_s}
-    if not url.startswith("unix://"):
+    if config.scheme != "unix":
         options["socket_connect_timeout"] = config.timeout_s
     if config.uses_tls:
         for name, path in _tls_files(config):

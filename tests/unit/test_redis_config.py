@@ -21,7 +21,8 @@ def test_a_url_gives_a_client_with_password_and_deadlines() -> None:
     assert client.connection_pool.connection_class is redis.Connection
 
 
-@pytest.mark.parametrize("url, tls", [("rediss://cache:6380/0", False), ("redis://cache:6380/0", True)])
+@pytest.mark.parametrize("url, tls", [("rediss://cache:6380/0", False), ("redis://cache:6380/0", True),
+                                      ("REDISS://cache:6380/0", False)])  # (QA: a scheme in capitals was plain TCP)
 def test_tls_by_scheme_or_by_flag(url: str, tls: bool, tmp_path: Path) -> None:
     ca, cert, key = (tmp_path / name for name in ("ca.pem", "c.pem", "k.pem"))
     for path in (ca, cert, key):
@@ -73,7 +74,7 @@ def test_an_embedded_redis_that_cannot_start_is_a_start_up_error_naming_the_sett
 
 
 @pytest.mark.parametrize("settings", [dict(url="unix:///r.sock", tls=True), dict(url="redis://r", tls_cert_file="/c"),
-                                      dict(timeout_s=0)])
+                                      dict(url="UNIX:///r.sock", tls=True), dict(timeout_s=0)])
 def test_inconsistent_settings_are_refused(settings: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         RedisConfig(**settings)  # type: ignore[arg-type]
