@@ -147,11 +147,13 @@ async def start(config: EstimatorConfig, clock: Callable[[], float] = time.time)
     """Starts the server and the feed on the running loop (no signal handling, no /metrics server); `clock` is the
     wall clock (Unix seconds) snapshots are aged by."""
     from bear.common.service import start_server
+    from bear.estimator.server import count_malformed
 
     service = EstimatorService(config, clock)
     try:
         service.start_discovery()
-        running = await start_server(service.settings(), service.register, [service.servicer.streams.close])
+        running = await start_server(service.settings(), service.register, [service.servicer.streams.close],
+                                     count_malformed)
     except BaseException:  # e.g. ServiceStartError: its Redis connections close all the same
         await service.close()
         raise
@@ -163,6 +165,7 @@ async def serve(config: EstimatorConfig,
     """Serves until SIGTERM/SIGINT."""
     from bear.common.service import serve_until_stopped
     from bear.estimator.metrics import FeedCollector, register_feed
+    from bear.estimator.server import count_malformed
 
     service = EstimatorService(config)
     try:
@@ -175,7 +178,7 @@ async def serve(config: EstimatorConfig,
                 config.redis.describe(), remaining_description(config), config.max_snapshot_age_s)
     try:
         await serve_until_stopped(service.settings(), service.register, on_ready, [service.run_background],
-                                  [service.servicer.streams.close])
+                                  [service.servicer.streams.close], count_malformed)
     finally:
         unregister()
         await service.close()

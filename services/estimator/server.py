@@ -98,6 +98,13 @@ def count_error(code: grpc.StatusCode) -> None:
     metrics.ERRORS.labels(code=code.name).inc()
 
 
+def count_malformed(method: str) -> None:
+    """A request that did not decode (answered INVALID_ARGUMENT by bear.common.service), counted as Estimate's own
+    refusals are; health's and reflection's are not the estimator's calls."""
+    if method.startswith(f"/{SERVICE_NAME}/"):
+        count_error(grpc.StatusCode.INVALID_ARGUMENT)
+
+
 def register(servicer: EstimatorServicer) -> Callable[[grpc.aio.Server], list[str]]:
     """What `bear.common.service.start_server` calls to add the service."""
 

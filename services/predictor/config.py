@@ -24,6 +24,11 @@ from bear.common.config_sources import (env_float, env_int, env_optional_port, l
                                         shutdown_grace_problem)
 
 MAX_PROMPT_CHARS_LIMIT = 64 * 1024 * 1024
+# One ExpectedRemaining query on the wire at most: a model name (~100 bytes for the longest Hugging Face ids), a double,
+# two varints, tags and lengths. The server's message limit makes room for BEAR_PREDICTOR_MAX_REMAINING_QUERIES of
+# them, and that many must fit in one gRPC message (< 2 GiB).
+REMAINING_QUERY_BYTES = 256
+MAX_REMAINING_QUERIES_LIMIT = 4_000_000
 # BEAR_PREDICTOR_WORKERS at most: each is a thread with its own stack; far more than any machine has cores, far fewer
 # than would exhaust its memory or thread limit (QA: 100,000,000 was taken)
 MAX_WORKERS = 1024
@@ -61,7 +66,9 @@ class PredictorServiceConfig:
         _require(1 <= self.max_prompt_chars <= MAX_PROMPT_CHARS_LIMIT,
                  f"BEAR_PREDICTOR_MAX_PROMPT_CHARS must be in [1, {MAX_PROMPT_CHARS_LIMIT}] "
                  "(gRPC's messages stay under 2 GiB)")
-        _require(self.max_remaining_queries >= 1, "BEAR_PREDICTOR_MAX_REMAINING_QUERIES must be >= 1")
+        _require(1 <= self.max_remaining_queries <= MAX_REMAINING_QUERIES_LIMIT,
+                 f"BEAR_PREDICTOR_MAX_REMAINING_QUERIES must be in [1, {MAX_REMAINING_QUERIES_LIMIT}] (one gRPC "
+                 f"message carries them), got {self.max_remaining_queries}")
         grace = shutdown_grace_problem(self.shutdown_grace_s)
         _require(grace is None, grace or "")
 

@@ -59,10 +59,13 @@ class PredictorService:
 
     def settings(self) -> ServerSettings:
         from bear.common.service import ServerSettings, receive_limit
+        from bear.predictor.config import REMAINING_QUERY_BYTES
 
         c = self.config
+        largest_field = max(4 * c.max_prompt_chars,  # UTF-8: up to 4 bytes a character
+                            REMAINING_QUERY_BYTES * c.max_remaining_queries)
         return ServerSettings("bear-predictor", c.host, c.grpc_port, c.metrics_port, c.shutdown_grace_s,
-                              receive_limit(4 * c.max_prompt_chars))  # UTF-8: up to 4 bytes a character
+                              receive_limit(largest_field))
 
     def register(self, server) -> list[str]:  # noqa: ANN001 - grpc.aio.Server
         from bear.predictor.server import register
@@ -72,10 +75,11 @@ class PredictorService:
     async def serve(self, on_ready: Callable[[int, int | None], None] = lambda port, metrics: None) -> None:
         """Serves until SIGTERM/SIGINT."""
         from bear.common.service import serve_until_stopped
+        from bear.predictor.server import count_malformed
 
         try:
             await serve_until_stopped(self.settings(), self.register, on_ready,
-                                      on_stop=[self.servicer.streams.close])
+                                      on_stop=[self.servicer.streams.close], on_malformed=count_malformed)
         finally:
             self.close()
 
@@ -83,8 +87,9 @@ class PredictorService:
         """Starts the server on the running loop (tests, `bear demo`): no signal handling, no /metrics server; stop
         it with `await running.stop()`, then `close()`."""
         from bear.common.service import start_server
+        from bear.predictor.server import count_malformed
 
-        return await start_server(self.settings(), self.register, [self.servicer.streams.close])
+        return await start_server(self.settings(), self.register, [self.servicer.streams.close], count_malformed)
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)

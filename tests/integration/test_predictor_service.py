@@ -134,6 +134,46 @@ def test_a_bad_remaining_query_is_invalid_argument(stub: predictor_pb2_grpc.Pred
     assert error.value.details().startswith("queries[1].predicted_output_tokens")
 
 
+def test_a_large_remaining_call_is_answered_off_the_event_loop_alike(stub: predictor_pb2_grpc.PredictorStub,
+                                                                     reference: Predictor) -> None:
+    """Over INLINE_REMAINING_QUERIES the checks and grouping run on the thread pool (QA: 100,000 queries held the
+    loop, and every other call, for ~0.3 s): the same answers, the same refusals."""
+    from bear.predictor.server import INLINE_REMAINING_QUERIES
+
+    count = INLINE_REMAINING_QUERIES * 3
+    queries = [predictor_pb2.RemainingQuery(model=PAPER_POOL.names[i % 3], predicted_output_tokens=50 + i % 700,
+                                            generated_tokens=i % 400) for i in range(count)]
+    reply = stub.ExpectedRemaining(predictor_pb2.ExpectedRemainingRequest(queries=queries), timeout=30)
+    assert len(reply.remaining_tokens) == count
+    for i in (0, 1, count // 2, count - 1):
+        assert reply.remaining_tokens[i] == pytest.approx(
+            reference.expected_remaining_tokens(PAPER_POOL.names[i % 3], 50 + i % 700, i % 400))
+    queries[-1].predicted_output_tokens = math.nan
+    with pytest.raises(grpc.RpcError) as error:
+        stub.ExpectedRemaining(predictor_pb2.ExpectedRemainingRequest(queries=queries), timeout=30)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.details().startswith(f"queries[{count - 1}].predicted_output_tokens")
+
+
+def test_the_message_limit_carries_as_many_remaining_queries_as_allowed(artifact_dir: Path) -> None:
+    """(QA: BEAR_PREDICTOR_MAX_REMAINING_QUERIES=1,000,000 was taken, but 500,000 queries were over the message
+    limit, which followed the prompt limit alone: RESOURCE_EXHAUSTED.)"""
+    from bear.predictor.config import MAX_REMAINING_QUERIES_LIMIT
+
+    query = predictor_pb2.RemainingQuery(model="Qwen/Qwen3-32B", predicted_output_tokens=200.5,
+                                         generated_tokens=4_000_000_000, max_tokens=4_000_000_000)
+    for allowed in (1_000_000, MAX_REMAINING_QUERIES_LIMIT):
+        config = PredictorServiceConfig(model_dir=str(artifact_dir), max_remaining_queries=allowed)
+        service = PredictorService(config)
+        try:
+            limit = service.settings().max_receive_message_bytes
+        finally:
+            service.close()
+        assert limit >= allowed * (query.ByteSize() + 5)  # each query with its tag and length
+    with pytest.raises(ValueError, match="BEAR_PREDICTOR_MAX_REMAINING_QUERIES must be in"):
+        PredictorServiceConfig(model_dir=str(artifact_dir), max_remaining_queries=MAX_REMAINING_QUERIES_LIMIT + 1)
+
+
 def test_latency_is_recorded_per_method(stub: predictor_pb2_grpc.PredictorStub) -> None:
     def count(method: str) -> float:
         return REGISTRY.get_sample_value("bear_predictor_request_seconds_count", {"method": method}) or 0.0
