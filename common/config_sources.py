@@ -12,13 +12,16 @@ as in the environment; YAML 1.1 would read octal, booleans, sexagesimal numbers)
 parses once (its `from_environ`, through `load_layered`), so that a value means the same wherever it was given; an
 error names the setting's variable and, where a flag or the file gave it, that flag or key. An empty (or blank)
 environment variable counts as unset: the file's value, else the default, applies. A key the file should not have (a
-typo, another service's setting) is an error that names it. Standard library and PyYAML only.
+typo, another service's setting) is an error that names it; an environment variable that nearly names a setting (a
+typo: BEAR_REDIS_ULR) is warned about, as pods share their environment with other programs. Standard library and
+PyYAML only.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -27,6 +30,7 @@ from typing import Any, TypeVar
 
 PREFIX = "BEAR_"
 T = TypeVar("T")
+logger = logging.getLogger("bear.config")
 
 
 class ConfigFileError(ValueError):
@@ -73,9 +77,33 @@ def load_layered(parse: Callable[[Mapping[str, str]], T], environ: Mapping[str, 
     variables, also says where those given by a flag or in the file were given (`flag_table`: flag → (variable,
     ...))."""
     flag_of = {entry[0]: flag for flag, entry in flag_table.items()}
+    known = set(known)
+    for name, meant in misspelled(environ, known):
+        logger.warning("%s is not a setting of this service: ignored (did you mean %s?)", name, meant)
     merged, sources = _layers(environ, config_file, flags, known, flag_of)
     with given_as(sources):
         return parse(merged)
+
+
+# How alike (difflib's ratio) an unknown BEAR_* variable must be to a known one to be taken for its typo: every
+# BEAR_* name of one service is below 0.86 to every other service's (pods share environments), typos (GRCP for GRPC,
+# a letter left out) are above 0.9.
+TYPO_LIKENESS = 0.88
+
+
+def misspelled(environ: Mapping[str, str], known: Iterable[str]) -> list[tuple[str, str]]:
+    """(variable, the known one it likely misspells) for each BEAR_* variable set in `environ` that is not `known`
+    but nearly one: otherwise silently ignored, the default applying instead of the value meant."""
+    import difflib
+
+    known = set(known)
+    found = []
+    for name in sorted(environ):
+        if name.startswith(PREFIX) and name not in known:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=TYPO_LIKENESS)
+            if close:
+                found.append((name, close[0]))
+    return found
 
 
 @contextlib.contextmanager

@@ -193,3 +193,34 @@ def test_given_as_names_several_settings_once_each_and_leaves_other_errors_alone
     with pytest.raises(ConfigFileError, match=r"^BEAR_PORT in a subclass$"):  # its own message kept
         with given_as(sources):
             raise ConfigFileError("BEAR_PORT in a subclass")
+
+
+def test_a_misspelled_variable_is_warned_about_and_the_other_services_are_not(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """(QA: BEAR_PREDICTOR_GRCP_PORT=0 and BEAR_PREDICTOR_WORKER=1 were ignored without a word: the defaults served.)
+    Pods share one environment: no BEAR_* name anywhere in BEAR is taken for a typo of another service's."""
+    import re
+    import subprocess
+
+    from bear.common.config_sources import misspelled
+    from bear.discovery.config import ENVIRONMENT as DISCOVERY
+    from bear.estimator.config import ENVIRONMENT as ESTIMATOR
+    from bear.predictor.config import ENVIRONMENT as PREDICTOR
+    from bear.router.config import ENVIRONMENT as ROUTER
+
+    root = Path(__file__).resolve().parents[2]
+    sources = subprocess.run(["git", "-C", str(root), "grep", "-h", "-o", "-E", '"BEAR_[A-Z0-9_]+"', "--", "*.py",
+                              ":!tests"], capture_output=True, text=True, check=True).stdout
+    every_name = {name for name in re.findall(r'"(BEAR_[A-Z0-9_]+)"', sources)} | set(DISCOVERY)
+    assert len(every_name) > 60
+    for known in (ESTIMATOR, PREDICTOR, ROUTER):
+        assert misspelled(dict.fromkeys(every_name, "1"), known) == []
+    environ = {"BEAR_PREDICTOR_GRCP_PORT": "0", "BEAR_PREDICTOR_WORKER": "1", "BEAR_REDIS_ULR": "redis://r:6379",
+               "BEAR_HELM_PYTHON": "/x", "PREDICTOR_WORKERS": "2"}
+    assert misspelled(environ, PREDICTOR) == [("BEAR_PREDICTOR_GRCP_PORT", "BEAR_PREDICTOR_GRPC_PORT"),
+                                              ("BEAR_PREDICTOR_WORKER", "BEAR_PREDICTOR_WORKERS")]
+    assert misspelled(environ, ROUTER) == [("BEAR_REDIS_ULR", "BEAR_REDIS_URL")]
+    with caplog.at_level("WARNING", logger="bear.config"):
+        load_layered(dict, {"BEAR_PORTT": "1"}, None, {}, KNOWN, {})
+    assert [r.getMessage() for r in caplog.records] == [
+        "BEAR_PORTT is not a setting of this service: ignored (did you mean BEAR_PORT?)"]
