@@ -160,7 +160,7 @@ def read_config_file(path: Path, known: set[str]) -> dict[str, str]:
     except OSError as error:
         raise ConfigFileError(f"config file {path}: {error.strerror or error}") from None
     except yaml.YAMLError as error:
-        raise ConfigFileError(f"config file {path}: {error}") from None
+        raise ConfigFileError(f"config file {path}: {error}{_bracket_hint(path, error)}") from None
     if not isinstance(document, Mapping):
         raise ConfigFileError(f"config file {path}: expected a mapping of settings, got {type(document).__name__}")
     settings = {}
@@ -175,10 +175,34 @@ def read_config_file(path: Path, known: set[str]) -> dict[str, str]:
         if name not in known:
             raise ConfigFileError(f"config file {path}: unknown setting {key!r} (known: {names})")
         if isinstance(value, (Mapping, list)):
-            raise ConfigFileError(f"config file {path}: {key} must be a single value")
+            hint = f" ({_QUOTE_BRACKETS % key})" if isinstance(value, list) else ""
+            raise ConfigFileError(f"config file {path}: {key} must be a single value{hint}")
         if value is not None:
             settings[name] = _text(value)
     return settings
+
+
+# An IPv6 host is written in brackets, which YAML reads as a list (or fails on, for `[::1]`)
+_QUOTE_BRACKETS = "quote a value that starts with '[', e.g. %s: '[::1]'"
+
+
+def _bracket_hint(path: Path, error: Exception) -> str:
+    """For a YAML error on a line whose value starts with '[': how to write it."""
+    mark = getattr(error, "problem_mark", None)
+    if mark is None:
+        return ""
+    try:
+        line = _lines_of(path)[mark.line]
+    except (OSError, UnicodeDecodeError, IndexError):
+        return ""
+    written = re.match(r"\s*([A-Za-z0-9_]+)\s*:\s*\[", line)
+    return f" ({_QUOTE_BRACKETS % written.group(1)})" if written else ""
+
+
+def _lines_of(path: Path) -> list[str]:
+    from bear.common.yaml_files import read_settings_file
+
+    return read_settings_file(path).splitlines()
 
 
 def _text(value: object) -> str:

@@ -224,3 +224,12 @@ def test_a_misspelled_variable_is_warned_about_and_the_other_services_are_not(
         load_layered(dict, {"BEAR_PORTT": "1"}, None, {}, KNOWN, {})
     assert [r.getMessage() for r in caplog.records] == [
         "BEAR_PORTT is not a setting of this service: ignored (did you mean BEAR_PORT?)"]
+
+
+@pytest.mark.parametrize("text", ["port: [::1]\n", "flag: 1\nport: [::]\n", "port: [fd00::5]\n"])
+def test_an_ipv6_host_in_brackets_gets_told_to_quote_it(tmp_path: Path, text: str) -> None:
+    """(QA: `predictor_host: [::1]`, as BEAR's own messages write an IPv6 host, failed with PyYAML's bare "did not find
+    expected node content", naming neither the setting nor the fix.)"""
+    with pytest.raises(ConfigFileError, match=r"\(quote a value that starts with '\[', e.g. port: '\[::1\]'\)$"):
+        layered_environ({}, write(tmp_path, text), {}, KNOWN)
+    assert layered_environ({}, write(tmp_path, "port: '[::1]'\n"), {}, KNOWN)["BEAR_PORT"] == "[::1]"
