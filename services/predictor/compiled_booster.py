@@ -32,6 +32,9 @@ class BoosterError(RuntimeError):
 
 class CompiledBooster:
     def __init__(self, model_text: str, num_features: int) -> None:
+        problem = model_text_problem(model_text)
+        if problem is not None:  # LightGBM's loader trusts these: it crashed the process (SIGSEGV, SIGABRT) on them
+            raise BoosterError(f"malformed model text: {problem}")
         lib = _library()
         self._lib = lib
         self._lock = threading.Lock()
@@ -92,6 +95,74 @@ class CompiledBooster:
     def __del__(self) -> None:
         if hasattr(self, "_lock"):
             self._free()
+
+
+# The per-split arrays of a tree (num_leaves - 1 entries each) and its per-leaf ones (num_leaves)
+_SPLIT_ARRAYS = ("split_feature", "threshold", "decision_type", "left_child", "right_child")
+_LEAF_ARRAYS = ("leaf_value",)
+
+
+def model_text_problem(text: str) -> str | None:
+    """What in a LightGBM text model its loader would read past or index with (and crash the process), or None:
+    the header's tree_sizes against the tree blocks' offsets, and each tree's array lengths, child indices and
+    feature indices against its num_leaves and the header's max_feature_idx. Not a full check of the format: what
+    LightGBM itself checks it reports as an error."""
+    data = text.encode()
+    if not data.startswith(b"tree\n"):
+        return "it does not start with 'tree'"
+    end = data.find(b"\nend of trees")
+    first = data.find(b"\nTree=0\n")
+    if end < 0 or first < 0 or first > end:
+        return "no trees, or no 'end of trees'"
+    header = dict(_key_values(data[:first]))
+    try:
+        max_feature = int(header.get(b"max_feature_idx", b""))
+        sizes = [int(size) for size in header[b"tree_sizes"].split()] if b"tree_sizes" in header else None
+    except ValueError:
+        return "max_feature_idx or tree_sizes is not a number"
+    blocks = data[first + 1:end + 1].split(b"\n\n\n")
+    blocks = [block for block in blocks if block.strip()]
+    if sizes is not None:
+        offset = first + 1
+        for index, size in enumerate(sizes):
+            if size <= 0 or not data.startswith(f"Tree={index}\n".encode(), offset):
+                return f"tree_sizes does not match tree {index}'s place"
+            offset += size
+        if offset != end + 1 or len(sizes) != len(blocks):
+            return f"tree_sizes ({len(sizes)} trees) does not match the {len(blocks)} trees"
+    for index, block in enumerate(blocks):
+        problem = _tree_problem(dict(_key_values(block)), max_feature)
+        if problem is not None:
+            return f"tree {index}: {problem}"
+    return None
+
+
+def _key_values(block: bytes) -> list[tuple[bytes, bytes]]:
+    return [tuple(line.split(b"=", 1)) for line in block.split(b"\n") if b"=" in line]  # type: ignore[misc]
+
+
+def _tree_problem(tree: dict[bytes, bytes], max_feature: int) -> str | None:
+    try:
+        leaves = int(tree.get(b"num_leaves", b""))
+        arrays = {name: [float(v) for v in tree.get(name.encode(), b"").split()]
+                  for name in (*_SPLIT_ARRAYS, *_LEAF_ARRAYS)}
+    except ValueError:
+        return "num_leaves or an array holds no number"
+    if leaves < 1:
+        return f"num_leaves is {leaves}"
+    if len(arrays["leaf_value"]) != leaves:
+        return f"{len(arrays['leaf_value'])} leaf values for {leaves} leaves"
+    if leaves == 1:
+        return None
+    for name in _SPLIT_ARRAYS:
+        if len(arrays[name]) != leaves - 1:
+            return f"{name} has {len(arrays[name])} entries for {leaves - 1} splits"
+    for name in ("left_child", "right_child"):  # a split's index (>= 0) or ~leaf (< 0)
+        if not all(-leaves <= child < leaves - 1 and child == int(child) for child in arrays[name]):
+            return f"{name} names a node the tree does not have"
+    if not all(0 <= feature <= max_feature and feature == int(feature) for feature in arrays["split_feature"]):
+        return "split_feature names a feature the model does not have"
+    return None
 
 
 def _check(lib: ctypes.CDLL, status: int) -> None:

@@ -52,3 +52,34 @@ def test_one_model_serves_several_threads(booster: lightgbm.Booster) -> None:
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(compiled.predict, batches))
     assert all(np.array_equal(r, e) for r, e in zip(results, expected, strict=True))
+
+
+def _edit_tree(text: str, index: int, key: str, edit) -> str:  # noqa: ANN001 - edit: str -> str
+    start = text.index(f"\nTree={index}\n")
+    line_start = text.index(f"\n{key}=", start) + 1
+    line_end = text.index("\n", line_start)
+    return text[:line_start] + edit(text[line_start:line_end]) + text[line_end:]
+
+
+@pytest.mark.parametrize("corrupt", [
+    lambda t: t[:len(t) // 2],  # cut short
+    lambda t: t.replace("tree_sizes=", "tree_sizes=1 "),  # sizes that no longer match the trees' places
+    lambda t: t.replace("tree_sizes=", "tree_sizes=999999999 "),
+    lambda t: _edit_tree(t, 3, "leaf_value", lambda line: line.rsplit(" ", 1)[0]),  # a leaf value fewer
+    lambda t: _edit_tree(t, 3, "left_child", lambda line: "left_child=" + " ".join(["99"] * len(line.split()))),
+    lambda t: _edit_tree(t, 3, "split_feature", lambda line: "split_feature=" + " ".join(["40"] * len(line.split()))),
+    lambda t: _edit_tree(t, 3, "num_leaves", lambda line: "num_leaves=0"),
+], ids=["cut-short", "tree-sizes-shifted", "tree-sizes-huge", "leaf-value-missing", "child-out-of-range",
+        "feature-out-of-range", "no-leaves"])
+def test_model_text_its_loader_would_crash_on_is_refused_first(booster: lightgbm.Booster,
+                                                               corrupt) -> None:  # noqa: ANN001
+    """(QA: a hand-edited model with its checksum recomputed killed `bear serve predictor` with SIGSEGV or SIGABRT
+    inside LGBM_BoosterLoadModelFromString.) If this test kills the test process, the check missed one."""
+    from bear.predictor.compiled_booster import model_text_problem
+
+    text = booster.model_to_string()
+    assert model_text_problem(text) is None
+    bad = corrupt(text)
+    assert bad != text and model_text_problem(bad) is not None
+    with pytest.raises(BoosterError, match="malformed model text: "):
+        CompiledBooster(bad, 6)
