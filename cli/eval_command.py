@@ -76,7 +76,7 @@ def _out_problem(out: str, force: bool, made: list[Path]) -> str | None:
     if problem is not None:
         return f"cannot write there: {problem}"
     blocked = sorted(entry.name for entry in folder.iterdir()
-                     if entry.suffix in _RESULT_SUFFIXES and entry.is_dir() and not entry.is_symlink())
+                     if entry.suffix in _RESULT_SUFFIXES and entry.is_dir())  # a link to a folder too
     if blocked:  # a result file goes there (summary.json, figN.csv, ...)
         return f"{blocked[0]} in it is a folder, where a result file is written: remove or rename it"
     return None

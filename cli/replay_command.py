@@ -70,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
             output["batches_omitted"] = f"{size}: more than the {MAX_PRINTED_ENTRIES} scheduled entries printed"
     except (CaseError, InvalidState) as error:
         return _bad_input(str(error))
+    except MemoryError:  # the compiled core's std::bad_alloc: a case too large for this machine
+        return _bad_input(f"{args.case}: the replay needs more memory than this machine has")
     if args.repeat:
         output["mean_estimate_us"], runs = _mean_estimate_us(case, args.repeat)
         if runs < args.repeat:

@@ -16,9 +16,22 @@ void LazyDecoders::add(int32_t id, int64_t now, int64_t exit_step) {
   std::vector<int32_t>& bucket = buckets_[static_cast<size_t>(r.bucket)];
   r.bucket_index = static_cast<int32_t>(bucket.size());
   bucket.push_back(id);
-  exits_.push(Exit{exit_step, id, r.generation});
+  exits_.push_back(Exit{exit_step, id, r.generation});
+  std::push_heap(exits_.begin(), exits_.end(), std::greater<Exit>());
   ++count_;
   context_sum_ += r.computed;
+  // Members that leave and join again each step (a budget too small for them all) would otherwise grow the heap by
+  // one entry per member per step: gigabytes over a long replay.
+  if (static_cast<int64_t>(exits_.size()) > 2 * count_ + 64) drop_stale_exits();
+}
+
+void LazyDecoders::drop_stale_exits() {
+  auto stale = [this](const Exit& e) {
+    const Request& r = requests_[static_cast<size_t>(e.id)];
+    return r.mode != Mode::kLazy || r.generation != e.generation;
+  };
+  exits_.erase(std::remove_if(exits_.begin(), exits_.end(), stale), exits_.end());
+  std::make_heap(exits_.begin(), exits_.end(), std::greater<Exit>());
 }
 
 void LazyDecoders::remove(int32_t id, int64_t now) {
@@ -60,18 +73,21 @@ int64_t LazyDecoders::steps_within_blocks(int64_t now, int64_t limit, int64_t fr
 
 int64_t LazyDecoders::next_exit() {
   while (!exits_.empty()) {
-    const Exit& top = exits_.top();
+    const Exit& top = exits_.front();
     const Request& r = requests_[static_cast<size_t>(top.id)];
     if (r.mode == Mode::kLazy && r.generation == top.generation) return top.step;
-    exits_.pop();  // the request left early (preempted, or all were made explicit)
+    // the request left early (preempted, or all were made explicit)
+    std::pop_heap(exits_.begin(), exits_.end(), std::greater<Exit>());
+    exits_.pop_back();
   }
   return std::numeric_limits<int64_t>::max();
 }
 
 int32_t LazyDecoders::pop_due(int64_t step) {
   if (next_exit() > step) return -1;
-  const int32_t id = exits_.top().id;
-  exits_.pop();
+  const int32_t id = exits_.front().id;
+  std::pop_heap(exits_.begin(), exits_.end(), std::greater<Exit>());
+  exits_.pop_back();
   return id;
 }
 

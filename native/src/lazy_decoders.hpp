@@ -7,7 +7,7 @@
 
 #include <cstdint>
 #include <functional>
-#include <queue>
+#include <algorithm>
 #include <vector>
 
 #include "sim_request.hpp"
@@ -52,7 +52,10 @@ class LazyDecoders {
   int64_t block_size_;
   std::vector<Request>& requests_;
   std::vector<std::vector<int32_t>> buckets_;  // allocated when the first member joins
-  std::priority_queue<Exit, std::vector<Exit>, std::greater<Exit>> exits_;
+  // A min-heap on step (std::push_heap / pop_heap with std::greater): entries of members that left stay until they
+  // reach the top, or until they outnumber the members (then the heap is rebuilt from the live ones).
+  std::vector<Exit> exits_;
+  void drop_stale_exits();
   int64_t count_ = 0;
   int64_t context_sum_ = 0;  // Σ computed tokens of the members, now
   int64_t generation_ = 0;

@@ -499,17 +499,21 @@ void Simulator::drop_finished_explicit() {
 void Simulator::make_lazy_where_possible() {
   if (!opt_.shortcuts) return;
   const int64_t now = num_batches_;
-  bool any = false;
+  auto steady = [this](const Request& r) {
+    const bool decoding = cfg_.async_scheduling
+                              ? r.placeholders == 1 && r.computed == r.prompt + r.output
+                              : r.placeholders == 0 && r.output >= 1 && r.computed == r.prompt + r.output - 1;
+    return decoding && r.blocks == cdiv(r.computed, cfg_.block_size) && r.target - r.output >= 2;
+  };
+  // Lazy members must all fit the budget (lazy_members_fit_budget): more would be made explicit again next step,
+  // at a cost of O(running) a step, and joining again after it.
+  int64_t joining = 0;
+  for (const int32_t id : explicit_) joining += steady(reqs_[id]) ? 1 : 0;
+  if (joining == 0 || lazy_.count() + joining > cfg_.max_num_batched_tokens) return;
   for (const int32_t id : explicit_) {
     const Request& r = reqs_[id];
-    const bool steady = cfg_.async_scheduling
-                            ? r.placeholders == 1 && r.computed == r.prompt + r.output
-                            : r.placeholders == 0 && r.output >= 1 && r.computed == r.prompt + r.output - 1;
-    if (!steady || r.blocks != cdiv(r.computed, cfg_.block_size) || r.target - r.output < 2) continue;
-    lazy_.add(id, now, now + r.target - r.output);
-    any = true;
+    if (steady(r)) lazy_.add(id, now, now + r.target - r.output);
   }
-  if (!any) return;
   auto is_lazy = [this](int32_t id) { return reqs_[id].mode == Mode::kLazy; };
   explicit_.erase(std::remove_if(explicit_.begin(), explicit_.end(), is_lazy), explicit_.end());
   pending_.erase(std::remove_if(pending_.begin(), pending_.end(), is_lazy), pending_.end());

@@ -44,6 +44,17 @@ def test_a_folder_where_a_result_file_goes_is_refused_at_once(tmp_path: Path) ->
     assert "building the setting" not in done.stderr
 
 
+def test_a_link_to_a_folder_where_a_result_file_goes_is_refused_too(tmp_path: Path) -> None:
+    """(QA: summary.json -> a folder passed the check, and the run failed writing its results at the end.)"""
+    from bear.cli.eval_command import _out_problem
+
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "summary.json").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "fig5.csv").symlink_to(tmp_path / "absent.csv")  # a dangling link is written through: fine
+    assert _out_problem(str(tmp_path), True, []) == (
+        "summary.json in it is a folder, where a result file is written: remove or rename it")
+
+
 def test_a_folder_holding_an_earlier_runs_results_is_refused_unless_forced(tmp_path: Path) -> None:
     """(QA: a second run wrote over the first one's results without a word.)"""
     from bear.cli.eval_command import _out_problem
