@@ -14,7 +14,7 @@ Four moments of the engine loop (`plugin` calls them):
 - `step_processed(output)`, when `update_from_output()` returns: the step's measured duration. If nothing is left to
   schedule, the state too (no `schedule()` will follow to write it).
 
-Plus `requests_finished()` after requests are aborted between steps, and a heartbeat thread that stamps the region
+Plus `requests_finished()` after requests are aborted (written between steps only), and a heartbeat thread that stamps the region
 every HEARTBEAT_S, so that the sidecar can tell an idle engine from a dead one (vLLM kills its EngineCore without
 shutting the scheduler down). The recorder never lets an exception out: each entry point contains and counts them
 (published in the region as `num_errors`), and logs the first few.
@@ -81,6 +81,8 @@ class SnapshotRecorder:
         self._cached_prefixes = (functools.partial(evictable_prefixes, scheduler.kv_cache_manager)
                                  if engine.enable_prefix_caching else None)
         self._in_flight: deque[_InFlightStep] = deque()
+        # Steps in flight when schedule() is entered: one under async scheduling (the previous step executes), else 0
+        self._in_flight_at_state = 1 if is_async and engine.async_scheduling else 0
         self._done_mono_s = 0.0
         self._done_wall_s = 0.0
         # The last step's output was applied with requests left: the engine schedules the next one without waiting.
@@ -155,8 +157,13 @@ class SnapshotRecorder:
             self._contain(error, "step_processed")
 
     def requests_finished(self) -> None:
+        """Requests were aborted. Between steps the state is written at once (an idle engine schedules nothing that
+        would write it); while a step executes it is not: vLLM already counts the step's tokens as computed but has
+        no output for them, which no state before a step shows (the replay refuses it), and the next schedule() or
+        update_from_output() writes the state anyway."""
         try:
-            self._write_state()
+            if len(self._in_flight) <= self._in_flight_at_state:
+                self._write_state()
         except Exception as error:  # noqa: BLE001
             self._contain(error, "requests_finished")
 

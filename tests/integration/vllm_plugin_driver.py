@@ -389,6 +389,16 @@ def run_checks(args, model_dir):
             break
         if output is not None:
             checker.scheduled(output, recorder._writer.num_scheduled_steps > recorded_before, expected_state)
+        if output is not None and not is_async and rng.random() < 0.05 and plugin.scheduler.running:
+            # An abort while the step executes (EngineCore handles aborts between execute_model and
+            # update_from_output): vLLM counts the step's tokens as computed already, with no output for them yet.
+            # No state may be written then (QA: one was, and the replay refused it as impossible).
+            victim = rng.choice(sorted(r.request_id for r in plugin.scheduler.running))
+            for engine in (plugin, plain):
+                engine.scheduler.finish_requests([victim], RequestStatus.FINISHED_ABORTED)
+            checker.count("aborts_mid_step")
+            if reader.read() is not None:
+                checker.fail(f"step {step}", "a state was written while a step was executing")
         if plugin.must_process(output):
             plain.process()
             checker.processed(plugin.process())
