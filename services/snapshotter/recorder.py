@@ -34,7 +34,7 @@ from typing import Any
 
 from bear.snapshotter.cached_blocks import evictable_prefixes
 from bear.snapshotter.config import PluginConfig
-from bear.snapshotter.region import Capacities, EngineSettings, region_path
+from bear.snapshotter.region import Capacities, EngineSettings, plugin_max_slots, region_path
 from bear.snapshotter.writer import RegionWriter
 
 MAX_LOGGED_ERRORS = 10
@@ -67,7 +67,8 @@ class SnapshotRecorder:
             max_rows=engine.max_num_seqs + config.max_waiting_rows,
             max_step_entries=engine.max_num_seqs,
             num_ring_steps=config.ring_steps,
-            max_slots=2 * (engine.max_num_seqs + config.max_waiting_rows) + 4 * config.ring_steps,
+            max_slots=plugin_max_slots(engine.max_num_seqs + config.max_waiting_rows, engine.max_num_seqs,
+                                       config.ring_steps),
             max_id_bytes=config.max_id_bytes,
         )
         rank = scheduler.vllm_config.parallel_config.data_parallel_rank

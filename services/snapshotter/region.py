@@ -242,6 +242,14 @@ def open_region(path: str) -> tuple[mmap.mmap, Layout, int]:
         raise
 
 
+def plugin_max_slots(max_rows: int, max_step_entries: int, num_ring_steps: int) -> int:
+    """The request-id slots a plugin's region has: one per row twice over (rows change between states), and one per
+    request the ring's steps (and the two just past it) may name, since a finished request's slot is reused only
+    once no step record names it. Short requests finish up to max_num_seqs a step (max_tokens=1: a whole batch);
+    fewer slots ran out under them, leaving queued requests out of the state and steps incomplete."""
+    return 2 * max_rows + (num_ring_steps + 2) * max_step_entries
+
+
 def _checked_layout(path: str, mapping: mmap.mmap, file_size: int) -> Layout:
     (magic, version, header_size, _, size, max_id_bytes, max_slots, max_rows, max_entries, num_ring_steps, _,
      created_at_s, _) = HEADER.unpack_from(mapping, 0)
@@ -252,7 +260,7 @@ def _checked_layout(path: str, mapping: mmap.mmap, file_size: int) -> Layout:
         raise RegionError(f"{path}: its creation time is {created_at_s}")
     if (max_id_bytes > MAX_ID_BYTES or num_ring_steps > MAX_RING_STEPS
             or max_rows > max_entries + MAX_WAITING_ROWS_LIMIT
-            or max_slots > 2 * (2 * max_rows + 4 * num_ring_steps)):  # twice the plugin's (recorder)
+            or max_slots > 2 * plugin_max_slots(max_rows, max_entries, num_ring_steps)):  # twice a plugin's
         raise RegionError(f"{path}: capacities past what a plugin writes (ids of {max_id_bytes} bytes, {max_slots} "
                           f"slots, {max_rows} rows, {max_entries} step entries, {num_ring_steps} steps)")
     try:

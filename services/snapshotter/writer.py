@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import os
 import struct
+from array import array
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence, Sized
 from itertools import chain, islice
@@ -30,6 +31,7 @@ from bear.snapshotter.region import (ENGINE, ENGINE_OFFSET, MAX_MODEL_NAME_BYTES
 
 # Fields written on their own: inside STATE and inside a ring record head (see the formats in `region`).
 _STEPS = struct.Struct("<QQ")
+_ROW_WORDS = ROW.size // 4  # u32 fields of a row, its slot first (array("I"): 4-byte little-endian ints on x86, Arm)
 _F64 = struct.Struct("<d")
 _EXECUTION_STARTED_AT = 16
 _DURATION = 24
@@ -61,8 +63,10 @@ class RequestLike(Protocol):
 class SlotTable(dict[str, int]):
     """Request id → slot. A miss assigns a free slot and writes the request's id and fixed fields into it.
 
-    Must be used inside a transaction. A released slot is reused only after `quarantine_steps` more steps have been
-    recorded, by when the ring holds no record that could name it. When no slot is free a miss returns NO_SLOT.
+    Must be used inside a transaction. A released slot that a step record named is reused only after
+    `quarantine_steps` more steps have been recorded, by when the ring holds no record that could name it; one no step
+    named (a waiting request aborted before it ran) once the next state is written, which names it no more. When no
+    slot is free a miss returns NO_SLOT.
     """
 
     def __init__(self, writer: RegionWriter, lookup: Callable[[str], RequestLike | None], quarantine_steps: int):
@@ -72,6 +76,8 @@ class SlotTable(dict[str, int]):
         self._quarantine_steps = quarantine_steps
         self._num_used = 0
         self._released: deque[tuple[int, int]] = deque()  # (reusable from this many recorded steps on, slot)
+        self._released_unnamed: deque[tuple[int, int]] = deque()  # the same, of slots no step record named
+        self.named: set[int] = set()  # slots a step record named
 
     def __missing__(self, request_id: str) -> int:
         request = self._lookup(request_id)
@@ -85,8 +91,13 @@ class SlotTable(dict[str, int]):
         """Frees the slots of finished requests (recorded steps may still name them: they wait out the ring)."""
         for request_id in request_ids:
             slot = self.pop(request_id, None)
-            if slot is not None:
+            if slot is None:
+                continue
+            if slot in self.named:
+                self.named.discard(slot)
                 self._released.append((num_recorded_steps + self._quarantine_steps, slot))
+            else:
+                self._released_unnamed.append((num_recorded_steps + 1, slot))
 
     @property
     def num_used(self) -> int:
@@ -94,9 +105,10 @@ class SlotTable(dict[str, int]):
         return self._num_used
 
     def _free_slot(self) -> int:
-        """A released slot once it has waited out the ring, else a never used one (keeping num_used low)."""
-        if self._released and self._released[0][0] <= self._writer.num_scheduled_steps:
-            return self._released.popleft()[1]
+        """A released slot once no record names it, else a never used one (keeping num_used low)."""
+        for released in (self._released_unnamed, self._released):
+            if released and released[0][0] <= self._writer.num_scheduled_steps:
+                return released.popleft()[1]
         if self._num_used < self._writer.capacities.max_slots:
             self._num_used += 1
             return self._num_used - 1
@@ -217,13 +229,19 @@ class RegionWriter:
             complete = len(num_scheduled_tokens) <= capacity
             _u32s(count).pack_into(mapping, record + RECORD_HEAD.size, *islice(num_scheduled_tokens.values(), count))
             start = min(num_from_state, count)
+            slots, named = self.slots, self.slots.named
             if start:
                 rows = layout.rows_offset
-                mapping[entries:entries + start * ROW.size] = mapping[rows:rows + start * ROW.size]
-            offset, pack, slots = entries + start * ROW.size, ROW.pack_into, self.slots
+                copied = mapping[rows:rows + start * ROW.size]
+                mapping[entries:entries + start * ROW.size] = copied
+                named.update(array("I", copied)[::_ROW_WORDS])  # each row's first field: its slot
+            offset, pack = entries + start * ROW.size, ROW.pack_into
             for request_id in islice(num_scheduled_tokens, start, count):
                 slot = slots[request_id]
-                complete = complete and slot != NO_SLOT
+                if slot == NO_SLOT:
+                    complete = False
+                else:
+                    named.add(slot)
                 pack(mapping, offset, slot, num_computed_tokens[request_id], 0, 0, 0, 0, NOT_REPORTED, 0, 0)
                 offset += ROW.size
             flags = (0 if complete else RECORD_ENTRIES_INCOMPLETE) | (RECORD_FOLLOWS_STEP if follows_step else 0)

@@ -378,3 +378,31 @@ def test_a_state_that_contradicts_itself_is_refused_and_the_next_one_read(path: 
     engine.write_state([decoding("a")])
     snapshot = reader.read()
     assert snapshot is not None and [r.request_id for r in snapshot.running] == ["a"]
+
+
+@pytest.mark.parametrize("max_num_seqs, waiting_rows", [(16, 4), (64, 1024)])
+def test_a_plugins_slots_last_when_whole_batches_finish_every_step(path: str, max_num_seqs: int,
+                                                                   waiting_rows: int) -> None:
+    """max_tokens=1 traffic: every step admits max_num_seqs new requests and finishes them all. A finished request's
+    slot waits out the ring, so the region needs slots for every request the ring may name (QA: with the earlier
+    2 × rows + 4 × ring steps, a third of the states left queued requests out and steps were incomplete)."""
+    from bear.snapshotter.region import plugin_max_slots
+
+    ring_steps, rows = 16, max_num_seqs + waiting_rows
+    slots = plugin_max_slots(rows, max_num_seqs, ring_steps)
+    engine = FakeEngine(path, Capacities(rows, max_num_seqs, ring_steps, slots, max_id_bytes=32))
+    reader = RegionReader(path)
+    states = steps = 0
+    for step in range(5 * ring_steps):
+        queued = [waiting(f"s{step}-r{i}", prompt=20) for i in range(max_num_seqs + min(waiting_rows, 8))]
+        engine.write_state([], queued)
+        snapshot = reader.read()
+        assert snapshot is not None and not snapshot.slots_exhausted and len(snapshot.waiting) == len(queued)
+        assert all(s.complete for s in snapshot.executed)
+        steps += len(snapshot.executed)
+        batch = queued[:max_num_seqs]
+        index = engine.schedule({r.request_id: 20 for r in batch})
+        engine.finish_step(index, 0.01)
+        engine.finish(*(r.request_id for r in queued))  # the batch finished, the rest were aborted
+        states += 1
+    assert states == 5 * ring_steps and steps >= 4 * ring_steps
