@@ -152,15 +152,17 @@ def read_config_file(path: Path, known: set[str]) -> dict[str, str]:
 
     from bear.common.yaml_files import load_yaml, read_settings_file
 
+    text = ""
     try:
-        document = load_yaml(read_settings_file(path), scalars_as_text=True) or {}
+        text = read_settings_file(path)
+        document = load_yaml(text, scalars_as_text=True) or {}
     except UnicodeDecodeError as error:
         raise ConfigFileError(f"config file {path}: not UTF-8 text (byte {error.object[error.start]:#04x} at "
                               f"offset {error.start})") from None
     except OSError as error:
         raise ConfigFileError(f"config file {path}: {error.strerror or error}") from None
     except yaml.YAMLError as error:
-        raise ConfigFileError(f"config file {path}: {error}{_bracket_hint(path, error)}") from None
+        raise ConfigFileError(f"config file {path}: {error}{_bracket_hint(text, error)}") from None
     if not isinstance(document, Mapping):
         raise ConfigFileError(f"config file {path}: expected a mapping of settings, got {type(document).__name__}")
     settings = {}
@@ -186,23 +188,14 @@ def read_config_file(path: Path, known: set[str]) -> dict[str, str]:
 _QUOTE_BRACKETS = "quote a value that starts with '[', e.g. %s: '[::1]'"
 
 
-def _bracket_hint(path: Path, error: Exception) -> str:
-    """For a YAML error on a line whose value starts with '[': how to write it."""
+def _bracket_hint(text: str, error: Exception) -> str:
+    """For a YAML error on a line of `text` whose value starts with '[': how to write it."""
     mark = getattr(error, "problem_mark", None)
-    if mark is None:
+    lines = text.splitlines()
+    if mark is None or not 0 <= mark.line < len(lines):
         return ""
-    try:
-        line = _lines_of(path)[mark.line]
-    except (OSError, UnicodeDecodeError, IndexError):
-        return ""
-    written = re.match(r"\s*([A-Za-z0-9_]+)\s*:\s*\[", line)
+    written = re.match(r"\s*([A-Za-z0-9_]+)\s*:\s*\[", lines[mark.line])
     return f" ({_QUOTE_BRACKETS % written.group(1)})" if written else ""
-
-
-def _lines_of(path: Path) -> list[str]:
-    from bear.common.yaml_files import read_settings_file
-
-    return read_settings_file(path).splitlines()
 
 
 def _text(value: object) -> str:
