@@ -209,6 +209,9 @@ def _instance(entry: Any, where: str) -> StaticInstance:
     instance_id, endpoint = entry.get("id"), entry.get("endpoint")
     if not isinstance(instance_id, str) or not instance_id or _has_space_or_control(instance_id):
         raise PoolsFileError(f"{where}.id must be a non-empty string without spaces, got {instance_id!r}")
+    if isinstance(endpoint, str) and "@" in endpoint.partition("://")[2].partition("/")[0]:  # not shown: a password
+        raise PoolsFileError(f"{where}.endpoint must not carry a user or password: the router returns the endpoint to "
+                             "every client and writes it into its traces")
     if not isinstance(endpoint, str) or not _is_http_url(endpoint):
         raise PoolsFileError(f"{where}.endpoint must be an http:// or https:// URL with a host, got {endpoint!r}")
     snapshotter = entry.get("snapshotter", "")

@@ -102,6 +102,10 @@ def _pool(**fields: Any) -> dict[str, Any]:
     (_pool(instances=[{"id": "a", "endpoint": "http://h", "snapshotter": "h:0"}]), r"\[0\].snapshotter"),
     (_pool(instances=[{"id": "a", "endpoint": "http://h", "snapshotter": "fd00::7:50071"}]), r"\[0\].snapshotter"),
     (_pool(instances=[{"id": "a", "endpoint": "http://h", "snapshotter": "h:1/x"}]), r"\[0\].snapshotter"),
+    # (QA: the router would hand the password to every client and write it into its traces)
+    (_pool(instances=[{"id": "a", "endpoint": "http://admin:s3cret@h:8000/v1"}]),
+     r"pool small.instances\[0\].endpoint must not carry a user or password: the router returns the endpoint to "
+     r"every client and writes it into its traces$"),
     # (QA: a bracketed host that is no IPv6 address escaped as urllib's ValueError: the estimator died with a traceback)
     (_pool(instances=[{"id": "a", "endpoint": "http://[::1:8000"}]), r"pool small.instances\[0\].endpoint"),
     (_pool(instances=[{"id": "a", "endpoint": "http://[vllm-0]:8000"}]), r"pool small.instances\[0\].endpoint"),
